@@ -5,6 +5,7 @@ against the simulated server: the request bodies it received, the rows the run s
 from __future__ import annotations
 
 import asyncio
+import sqlite3
 from pathlib import Path
 from typing import Any
 
@@ -75,14 +76,12 @@ class RecordingSend:
 
 
 # ------------------------------------------------------------------------------------------------ grouping
-def test_samples_alike_but_for_a_derived_seed_are_one_group() -> None:
+def test_samples_alike_but_for_their_seed_are_one_group() -> None:
     group = batch_group(request(seed=11), key(0))
     assert batch_group(request(seed=99), key(7)) == group
-    # A seed a source set is each sample's own (seed + j): those are one group too, never with derived ones.
-    explicit = batch_group(request(seed=5, derived=False), key(0))
-    assert batch_group(request(seed=6, derived=False), key(1)) == explicit
-    assert explicit != group
-    assert batch_group(request(seed=None, derived=False), key(0)) not in (explicit, group)
+    # Derived or set by a source, a seed is each sample's own (seed + j): which runs go together is seed_runs's call.
+    assert batch_group(request(seed=5, derived=False), key(0)) == group
+    assert batch_group(request(seed=None, derived=False), key(0)) != group
     # Any other difference keeps calls apart: prompt, sampling, model, role, problem, response_format.
     apart = [
         batch_group(request("What is 2+2?"), key(0)),
@@ -127,6 +126,18 @@ async def test_samples_of_a_set_seed_go_together_only_where_their_seeds_follow_o
     ]  # fmt: skip
 
 
+async def test_samples_of_a_derived_seed_go_together_only_where_their_seeds_follow_one_another() -> None:
+    # A resumed run's remainder, samples 1 and 3 of a prompt whose derived seed is 40: choice 1 of one request sent
+    # with 41 would be drawn with 42, not sample 3's 43, so each goes alone.
+    send = RecordingSend()
+    batcher = SampleBatcher(send)
+    done = await asyncio.gather(*(batcher.submit(request(seed=40 + i), key(i), f"h{i}") for i in (1, 3)))
+    # Their seeds following one another, they go as one request.
+    together = await asyncio.gather(*(batcher.submit(request(seed=40 + i), key(i), f"h{i}") for i in (1, 2)))
+    assert done == [None, None] and [[s.key.sample for s in g] for g in send.groups] == [[1, 2]]
+    assert [c.content if c is not None else None for c in together] == ["choice 0 of 2", "choice 1 of 2"]
+
+
 async def test_calls_of_different_turns_are_not_joined() -> None:
     send = RecordingSend()
     batcher = SampleBatcher(send)
@@ -134,9 +145,9 @@ async def test_calls_of_different_turns_are_not_joined() -> None:
     async def later(sample: int) -> Completion | None:
         await asyncio.sleep(0)
         await asyncio.sleep(0)
-        return await batcher.submit(request(), key(sample), "h")
+        return await batcher.submit(request(seed=1 + sample), key(sample), "h")
 
-    first, second = await asyncio.gather(batcher.submit(request(), key(0), "h"), later(1))
+    first, second = await asyncio.gather(batcher.submit(request(seed=1), key(0), "h"), later(1))
     assert first is None and second is None and send.groups == []
 
 
@@ -156,7 +167,9 @@ async def test_what_the_group_send_raises_every_caller_raises() -> None:
         raise LLMError("endpoint unreachable")
 
     batcher = SampleBatcher(unreachable)
-    outcomes = await asyncio.gather(*(batcher.submit(request(), key(i), "h") for i in range(3)), return_exceptions=True)
+    outcomes = await asyncio.gather(
+        *(batcher.submit(request(seed=1 + i), key(i), "h") for i in range(3)), return_exceptions=True
+    )
     assert [str(o) for o in outcomes] == ["endpoint unreachable"] * 3
 
 
@@ -174,7 +187,7 @@ async def test_a_request_whose_callers_all_left_is_cancelled() -> None:
         return []
 
     batcher = SampleBatcher(hangs)
-    callers = [asyncio.ensure_future(batcher.submit(request(), key(i), "h")) for i in range(3)]
+    callers = [asyncio.ensure_future(batcher.submit(request(seed=1 + i), key(i), "h")) for i in range(3)]
     await sent.wait()
     callers[0].cancel()
     await asyncio.sleep(0)
@@ -570,6 +583,54 @@ async def test_under_a_configured_seed_batched_samples_are_the_replies_each_woul
         replies.append([(c.key.sample, s["seed"], c.content) for c, s in stored(tmp_path / batch)])
     assert replies[0] == replies[1] and [seed for _, seed, _ in replies[0]] == [7, 8, 9, 10]
     assert len({content for _, _, content in replies[0]}) > 1
+
+
+# ------------------------------------------------------------------------------------------------ a derived seed
+async def test_without_a_set_seed_batched_samples_are_the_replies_each_would_get_alone(
+    sim: SimServer, tmp_path: Path
+) -> None:
+    # With no seed configured each sample got a seed hashed from its own index, and a request with n carried the
+    # lowest sample's: choice i was drawn with that seed + i, not its own, so the same run drew other samples batched
+    # than unbatched, and the store recorded seeds they were not drawn with. Now the seed is derived per prompt and
+    # step, and sample j goes with it + j whichever way it is sent.
+    sim.set_script(SimScript(persona="vllm"))
+    runs = []
+    for batch in ("on", "off"):
+        sim.reset()
+        await asolve(
+            "Which number is hidden?", majority(sim, 4, endpoint__batch_samples=batch), run_dir=tmp_path / batch
+        )
+        rows = [(c.key.sample, s["seed"], c.content) for c, s in stored(tmp_path / batch)]
+        # The store keeps each sample's seed as the one it was drawn with.
+        assert drawn_seeds(sim) == [seed for _, seed, _ in rows]
+        runs.append(rows)
+    assert runs[0] == runs[1]
+    base = runs[0][0][1]
+    assert [seed for _, seed, _ in runs[0]] == [base + j for j in range(4)]
+    assert len({content for _, _, content in runs[0]}) > 1
+
+
+async def test_a_resumed_batched_run_without_a_set_seed_draws_what_the_uninterrupted_one_drew(
+    sim: SimServer, tmp_path: Path
+) -> None:
+    # Interrupted with samples 1 and 3 of majority@4 missing, the resumed run sent one request with sample 1's seed
+    # and n = 2: sample 3 was drawn with sample 1's seed + 1, not the one the uninterrupted run drew it with.
+    sim.set_script(SimScript(persona="vllm"))
+    question = "Which number is hidden?"
+    await asolve(question, majority(sim, 4), run_dir=tmp_path / "whole")
+    await asolve(question, majority(sim, 4), run_dir=tmp_path / "cut")
+    with sqlite3.connect(tmp_path / "cut" / "run.sqlite") as db:
+        db.execute("DELETE FROM results")
+        db.execute("DELETE FROM calls WHERE sample IN (1, 3)")
+    sim.reset()
+    await aresume(tmp_path / "cut")
+    whole = [(c.key.sample, s["seed"], c.content) for c, s in stored(tmp_path / "whole")]
+    assert [(c.key.sample, s["seed"], c.content) for c, s in stored(tmp_path / "cut")] == whole
+    # Samples 1 and 3 asked again, each with the seed it was drawn with before (their seeds do not follow one another).
+    assert sorted((b.get("n", 1), b["seed"]) for b in sim.chat_bodies("solution")) == [
+        (1, whole[1][1]),
+        (1, whole[3][1]),
+    ]
 
 
 def drawn_seeds(sim: SimServer, role: str = "solution") -> list[int]:

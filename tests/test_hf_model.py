@@ -868,13 +868,14 @@ def test_a_run_in_process_resumes_from_its_store(
     )
     assert first.exit_code == 0, first.output
     summary = printed(first)
-    assert (summary["done"], summary["calls"], summary["replayed_calls"]) == (1, 2, 0)
-    # A second iteration: the first one's two calls come from the store, two more are asked.
+    # Two samples, and a follow-up call (an answer reminder) where a reply asks for one: the seeds decide which.
+    assert (summary["done"], summary["replayed_calls"]) == (1, 0) and summary["calls"] in (2, 3, 4)
+    # A second iteration: every call of the first one comes from the store, at least two more are asked.
     resumed = CliRunner().invoke(app, ["run", "--resume", str(out), "-T", "2"])
     assert resumed.exit_code == 0, resumed.output
     again = printed(resumed)
-    assert (again["done"], again["replayed_calls"]) == (1, 2)
-    assert again["calls"] == 2
+    assert (again["done"], again["replayed_calls"]) == (1, summary["calls"])
+    assert again["calls"] in (2, 3, 4)
     with RunStore(out, create=False) as store:
         assert store.get_meta("settings")["hf"]["model"] == MODEL
 

@@ -18,6 +18,7 @@ from tmas.llm.sampling import (
     RETRY_SEED,
     SAMPLE_SEEDS,
     SOURCES,
+    derived_base,
     for_sample,
     resolve_role,
     resolve_sampling,
@@ -191,13 +192,18 @@ def test_a_value_set_in_python_after_loading_is_the_users(tmp_path: Path) -> Non
 
 
 # ------------------------------------------------------------------------------------------------ a configured seed
-def test_sample_j_goes_with_the_configured_seed_plus_j_and_derived_seeds_as_they_are() -> None:
+def test_sample_j_goes_with_the_seed_plus_j_configured_or_derived() -> None:
     configured = resolve_sampling([("config", Sampling(seed=5))])
     assert [for_sample(configured, j).sampling.seed for j in range(4)] == [5, 6, 7, 8]
     assert for_sample(configured, 3).sources["seed"] == "config"
+    # A derived seed is the prompt's step's: its samples go with it + j too (before, each call's hash went as it was).
     derived = configured.over(DERIVED_SEED, Sampling(seed=99))
-    assert for_sample(derived, 3).sampling.seed == 99
+    assert for_sample(derived, 3).sampling.seed == 102 and for_sample(derived, 3).sources["seed"] == DERIVED_SEED
+    # A retry's seed is its own already; no seed stays none.
+    assert for_sample(configured.over(RETRY_SEED, Sampling(seed=99)), 3).sampling.seed == 99
     assert for_sample(resolve_sampling([]), 3).sampling.seed is None
+    # A derived base leaves room for every sample's seed + j below 2^31.
+    assert all(0 <= derived_base("run", p, 0, "solution") <= (1 << 31) - 1 - SAMPLE_SEEDS for p in range(200))
 
 
 def test_a_retrys_seed_is_never_another_samples_of_the_same_prompt() -> None:

@@ -27,7 +27,7 @@ from tmas.grading.grader import GradingContext, StoredGrades, Verdicts
 from tmas.grading.grades import GradeConfig, Item, ItemKey
 from tmas.grading.rules import NO_ANSWER, has_answer
 from tmas.llm.model import ChatModel
-from tmas.llm.sampling import DERIVED_SEED, for_sample, retried
+from tmas.llm.sampling import DERIVED_SEED, derived_base, for_sample, retried
 from tmas.llm.types import CallKey, Usage
 from tmas.store.run_store import GradeRow
 
@@ -151,8 +151,8 @@ def judge_route(settings: Settings | None) -> Settings | None:
     return None if settings.uses_local_model else settings
 
 
-def _seed(*parts: object) -> int:
-    # Distinct seeds make the R runs independent samples, reproducible on servers that honour `seed`.
+def _earlier_seed(*parts: object) -> int:
+    # The seed versions before the judge's seed was derived per pair gave each run and retry.
     return int.from_bytes(hashlib.blake2b(repr(parts).encode(), digest_size=4).digest(), "big") >> 1
 
 
@@ -178,14 +178,19 @@ async def judge_once(
     detail = ""
     planted = planted_verdicts(student)
     configured = llm.resolve_sampling(JUDGE_ROLE)
+    derived = configured.sampling.seed is None
+    if derived:
+        # Distinct seeds make the runs independent samples, reproducible on servers that honour `seed`.
+        configured = configured.over(DERIVED_SEED, Sampling(seed=derived_base(problem_id, student)))
     for attempt in range(retries + 1):
         # The sample index keeps each run and retry a distinct call in the store's cache.
         key = CallKey(problem_id=problem_id, role=JUDGE_ROLE, sample=run * (retries + 1) + attempt)
-        # A seed configured for the judge goes plus the run (run j: seed + j, as a method's samples send theirs),
-        # changed on a retry; else each run and retry draws its own.
+        # The judge's seed, configured or derived for the pair, goes plus the run (run j: seed + j, as a method's
+        # samples send theirs, so runs batched or not draw alike), changed on a retry.
         sampling = retried(for_sample(configured, run), attempt)
-        if configured.sampling.seed is None:
-            sampling = configured.over(DERIVED_SEED, Sampling(seed=_seed(problem_id, student, run, attempt)))
+        if derived:
+            # Verdicts stored by a version that derived each run's and retry's seed on its own still replay.
+            sampling = sampling.model_copy(update={"earlier_seed": _earlier_seed(problem_id, student, run, attempt)})
         reply = await llm.chat(JUDGE_ROLE, messages, key=key, sampling=sampling, reply_model=JudgeReplyFormat)
         usage = usage + reply.usage
         if not reply.ok:

@@ -1,7 +1,7 @@
 """Several samples of one prompt as one request (``n``), so the server computes their shared prompt once.
 
 Majority vote's k samples, TMAS's first-iteration solutions (identical prompts) and a candidate's M verifications are
-started together (``gather``) and differ only in their sample index and the seed derived for each
+started together (``gather``) and differ only in their sample index and their seed, seed + ``j`` for sample ``j``
 (:meth:`tmas.methods.base.ProblemSession.chat`). Where the endpoint's ``batch_samples`` allows it
 (:class:`tmas.config.Endpoint`), the client hands its calls to a :class:`SampleBatcher`: the calls that arrive in one
 turn of the event loop and are alike (:func:`batch_group`) go as one request with ``n`` = their count, at most
@@ -10,11 +10,11 @@ out one per call in sample order. Each call still returns its own :class:`Comple
 wire (:class:`tmas.llm.replay.StoreReplay`), keeps one row per sample under the sample's own request: a resumed run
 asks only for the samples it lacks, in one request with ``n`` = their count.
 
-The seed sent is the group's lowest sample's: vLLM samples choice ``i`` with that seed + ``i``. A derived seed (each
-call's own) goes as it is, so the choices differ and a rerun of the same group draws the same ones. A seed a source
-set is already each sample's own, seed + ``j`` for sample ``j`` (:func:`tmas.llm.sampling.for_sample`), as is a
-retry's: such calls go together only where their seeds follow one another (:func:`seed_runs`), so each choice is
-drawn with the seed its sample would have been sent alone, and batching changes no sample's seed.
+The seed sent is the request's lowest sample's: vLLM samples choice ``i`` with that seed + ``i``. Each sample's seed,
+set by a source or derived for its prompt's step, is already its own, seed + ``j`` for sample ``j``
+(:func:`tmas.llm.sampling.for_sample`), as is a retry's: calls go together only where their seeds follow one another
+(:func:`seed_runs`), so each choice is drawn with the seed its sample would have been sent alone, and batching changes
+no sample's seed: a run draws the same samples batched or not, and a resumed run's remainder the ones it lacks.
 
 Usage: a server reports one usage per reply: the prompt once, the completion tokens summed over the choices.
 :func:`share_usage` splits it so that the samples' figures add up to it exactly: the first sample carries the prompt
@@ -41,7 +41,6 @@ from typing import Any, TypeVar
 
 from tmas.llm.model import CANCELLED, leave_spent, spent_before
 from tmas.llm.replies import reported_reasoning
-from tmas.llm.sampling import DERIVED_SEED
 from tmas.llm.tokens import TokenCounter
 from tmas.llm.types import CallKey, ChatRequest, Completion, ServerKind, Usage
 
@@ -63,13 +62,12 @@ T = TypeVar("T")
 
 def batch_group(request: ChatRequest, key: CallKey) -> str:
     """What calls must share to go in one request: role, problem, model, messages, ``response_format`` and sampling
-    but the seed, whether they carry one and whether it was derived per call (seeds a source set, or a retry's, go
-    together only where they follow one another: :func:`seed_runs`)."""
+    but the seed, and whether they carry one (seeds go together only where they follow one another:
+    :func:`seed_runs`)."""
     seeded = request.sampling.seed is not None
-    derived = seeded and request.sampling_sources.get("seed") == DERIVED_SEED
     sampling = request.sampling.model_dump(mode="json", exclude={"seed"})
     messages = [[m.role, m.content] for m in request.messages]
-    group = [key.role, key.problem_id, request.model, messages, request.response_format, sampling, seeded, derived]
+    group = [key.role, key.problem_id, request.model, messages, request.response_format, sampling, seeded]
     return json.dumps(group, sort_keys=True, ensure_ascii=False)
 
 
@@ -325,11 +323,10 @@ def refuses_n(completion: Completion) -> bool:
 
 
 def seed_runs(samples: list[Sample]) -> list[list[Sample]]:
-    """One group's samples (in sample order) in the runs that can each go as one request: all of them where the
-    seeds were derived per call (choice ``i`` draws with the lead's + ``i``) or none was set; else, ordered by seed,
-    runs of seeds that follow one another, so that choice ``i`` of a run draws with the seed its sample carries."""
-    first = samples[0].request
-    if first.sampling.seed is None or first.sampling_sources.get("seed") == DERIVED_SEED:
+    """One group's samples (in sample order) in the runs that can each go as one request: all of them where none
+    carries a seed; else, ordered by seed, runs of seeds that follow one another, so that choice ``i`` of a run
+    (drawn with the lead's seed + ``i``) draws with the seed its sample carries."""
+    if samples[0].request.sampling.seed is None:
         return [samples]
     runs: list[list[Sample]] = []
     for sample in sorted(samples, key=lambda s: (s.request.sampling.seed or 0, s.key.sample)):

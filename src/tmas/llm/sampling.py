@@ -15,9 +15,9 @@ Priority, lowest first (a later source wins every field it sets; ``extra_body`` 
 
 ``role`` sits above ``env`` and ``flags``: it is the more specific setting (``--temperature 0.6`` with
 ``[roles.refiner.sampling] temperature = 0.05`` sends 0.05 to the refiner), as it always has. The seed is the one
-field no source need set: where none did, :class:`tmas.methods.base.ProblemSession` derives one per call
-(``derived seed``) from the run seed, so parallel samples of one prompt differ reproducibly; where one did, sample ``j``
-of a prompt goes with that seed + ``j`` (:func:`for_sample`), so they differ too, batched or not.
+field no source need set: where none did, :class:`tmas.methods.base.ProblemSession` derives one per prompt and step
+(``derived seed``) from the run seed (:func:`derived_base`); either way sample ``j`` of a prompt goes with that seed +
+``j`` (:func:`for_sample`), so parallel samples of one prompt differ reproducibly, batched or not.
 
 Which of ``config`` / ``env`` / ``flags`` set a field of ``[sampling]`` is recorded in
 ``Settings.sampling_sources`` by :func:`tmas.config.load_settings`, and travels with the stored settings (resume,
@@ -55,6 +55,8 @@ RETRY_SEED = "retry seed"
 # How far apart the sample indices of one prompt's samples in a step may lie (a method's offsets for its own retries
 # included): a retry's seed is never this close to its sample's seed, so it is never another sample's.
 SAMPLE_SEEDS = 1 << 21
+# Derived base seeds lie below this, so that base + j of every sample of the prompt stays a 31-bit seed.
+DERIVED_BASES = (1 << 31) - SAMPLE_SEEDS
 
 Layer = tuple[str, Sampling | None]
 
@@ -64,6 +66,9 @@ class ResolvedSampling(BaseModel):
 
     sampling: Sampling = Field(default_factory=Sampling)
     sources: dict[str, str] = Field(default_factory=dict)
+    # The seed versions before seeds were derived per prompt and step (:func:`derived_base`) derived for this call:
+    # a stored run made by one still replays its calls (:class:`tmas.llm.replay.StoreReplay`). Never sent.
+    earlier_seed: int | None = None
 
     def over(self, source: str, sampling: Sampling | None) -> ResolvedSampling:
         """This resolution with ``sampling`` laid on top as ``source`` (fields it leaves unset or None are kept)."""
@@ -79,20 +84,35 @@ class ResolvedSampling(BaseModel):
         return ResolvedSampling(sampling=self.sampling.merged(sampling), sources=sources)
 
 
+def derived_base(*parts: object) -> int:
+    """The seed derived from ``parts`` (the run seed, the problem, the iteration, the role: everything that tells one
+    prompt's step from another but the sample index) for sample 0 of the prompt, below :data:`DERIVED_BASES`; sample
+    ``j`` goes with it + ``j`` (:func:`for_sample`), as a configured seed does."""
+    raw = repr(parts).encode()
+    return (int.from_bytes(hashlib.sha256(raw).digest()[:4], "big") >> 1) % DERIVED_BASES
+
+
+def earlier_derived_seed(*parts: object) -> int:
+    """The seed versions before :func:`derived_base` derived for a call from ``parts`` (the run seed, the problem, the
+    iteration, ``"call"``, the role and the sample index), each call its own."""
+    return int.from_bytes(hashlib.sha256(repr(parts).encode()).digest()[:4], "big") >> 1
+
+
 def for_sample(resolved: ResolvedSampling, sample: int) -> ResolvedSampling:
-    """``resolved`` for sample ``sample`` of its prompt in one step (0 for a call of one sample): a seed some source
-    set goes plus ``sample``, so sample ``j`` is drawn with seed + ``j``, as vLLM draws choice ``j`` of one request
-    with ``n``: a prompt's samples differ whether they go alone or together, and sample 0 keeps the seed as set. A
-    derived seed (each call's own already) or none is ``resolved`` as it is."""
+    """``resolved`` for sample ``sample`` of its prompt in one step (0 for a call of one sample): its seed, set by a
+    source or derived for the prompt's step (:func:`derived_base`), goes plus ``sample``, so sample ``j`` is drawn
+    with seed + ``j``, as vLLM draws choice ``j`` of one request with ``n``: a prompt's samples differ whether they go
+    alone or together, and sample 0 keeps the seed. A retry's seed (already its own) or none is ``resolved`` as it
+    is."""
     seed = resolved.sampling.seed
-    if seed is None or not sample or resolved.sources.get("seed") in (DERIVED_SEED, RETRY_SEED):
+    if seed is None or not sample or resolved.sources.get("seed") == RETRY_SEED:
         return resolved
     return resolved.model_copy(update={"sampling": resolved.sampling.model_copy(update={"seed": seed + sample})})
 
 
 def retried(resolved: ResolvedSampling, attempt: int) -> ResolvedSampling:
-    """``resolved`` for attempt ``attempt`` of a call asked again because its reply could not be read: a seed some
-    source set (the sample's, :func:`for_sample`) goes out as it is on the first attempt and is changed on each retry
+    """``resolved`` for attempt ``attempt`` of a call asked again because its reply could not be read: a seed set or
+    derived (the sample's, :func:`for_sample`) goes out as it is on the first attempt and is changed on each retry
     (source ``retry seed``), since a server that honours it would give the retry the same unreadable reply; without a
     seed it is ``resolved``. The retry's seed is drawn from the sample's seed and the attempt, never within
     :data:`SAMPLE_SEEDS` of the sample's seed, so it is no other sample's of the same prompt (seed + ``j``)."""

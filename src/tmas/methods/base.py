@@ -8,7 +8,6 @@ method the same way.
 from __future__ import annotations
 
 import asyncio
-import hashlib
 import math
 from abc import ABC, abstractmethod
 from collections.abc import Awaitable, Callable, Iterable, Iterator, Mapping, Sequence
@@ -30,7 +29,14 @@ from tmas.answer_classes import EquivalenceCheck, answer_classes
 from tmas.config import Budget, Sampling
 from tmas.llm.model import ChatModel, spent_before
 from tmas.llm.replica import MESSAGE_TEMPLATE_TOKENS
-from tmas.llm.sampling import DERIVED_SEED, ResolvedSampling, for_sample, retried
+from tmas.llm.sampling import (
+    DERIVED_SEED,
+    ResolvedSampling,
+    derived_base,
+    earlier_derived_seed,
+    for_sample,
+    retried,
+)
 from tmas.llm.types import CallKey, ChainKey, Completion, Lane, Message, Usage
 from tmas.llm.watch import UNWATCHED_NOTICE, TraceWatch
 from tmas.methods.call_count import CallCount
@@ -322,11 +328,11 @@ class ProblemSession:
         and a reply that came unstreamed raises the run's one-line notice :data:`UNWATCHED_NOTICE`; ``chain``: the
         chain of calls of this iteration it belongs to, in its key, ended by :meth:`chain`'s block; the key holds the
         session's ``lane`` too; ``attempt``: 0, or how many times the same prompt was asked before because its reply
-        was unusable or what it is built from did not move (:mod:`tmas.methods.reasked`): a configured seed is then
-        changed (:func:`tmas.llm.sampling.retried`), the retry's own ``sample`` or iteration telling its derived seed
-        and its stored reply apart; ``draw``: which of its prompt's samples in this step the call is, ``sample``
-        unless given (majority vote's later iterations continue their numbering): a configured seed goes plus it
-        (:func:`tmas.llm.sampling.for_sample`), so a prompt's samples differ, alone or batched).
+        was unusable or what it is built from did not move (:mod:`tmas.methods.reasked`): the seed is then changed
+        (:func:`tmas.llm.sampling.retried`); ``draw``: which of its prompt's samples in this step the call is,
+        ``sample`` unless given (majority vote's later iterations continue their numbering): the seed, configured or
+        derived for the role's prompt in this iteration, goes plus it (:func:`tmas.llm.sampling.for_sample`), so a
+        prompt's samples differ, and draw the same alone, batched or resumed).
 
         Under a budget the call may wait for calls of the problem in flight (:meth:`_admit`), and raises
         :class:`BudgetExhausted` instead of going out once the budget is spent."""
@@ -339,14 +345,19 @@ class ProblemSession:
             lane=self.lane,
         )
         resolved = self.resolve_sampling(role, sampling)
-        if resolved.sampling.seed is None:
-            # A distinct, reproducible seed per call: parallel samples of one prompt differ, and a rerun with the
-            # same run seed asks the same questions (servers that honour `seed`, e.g. vLLM, answer the same too).
-            resolved = resolved.over(DERIVED_SEED, Sampling(seed=self.derive_seed("call", role, sample)))
-        else:
-            # A configured seed goes plus the sample's index (sample j: seed + j, as vLLM draws choice j of one
-            # request), and is changed for a prompt asked again: the same seed would draw the same unusable reply.
-            resolved = retried(for_sample(resolved, sample if draw is None else draw), attempt)
+        derived = resolved.sampling.seed is None
+        if derived:
+            # A reproducible seed for the role's prompt in this step: a rerun with the same run seed asks the same
+            # questions (servers that honour `seed`, e.g. vLLM, answer the same too).
+            resolved = resolved.over(DERIVED_SEED, Sampling(seed=self.derived_base("call", role)))
+        # The seed goes plus the sample's index (sample j: seed + j, as vLLM draws choice j of one request), so a
+        # prompt's samples differ and draw alike alone, batched or resumed; it is changed for a prompt asked again:
+        # the same seed would draw the same unusable reply.
+        resolved = retried(for_sample(resolved, sample if draw is None else draw), attempt)
+        if derived:
+            # A run stored before seeds were derived per prompt and step replays its calls under their own seeds.
+            earlier = earlier_derived_seed(self.seed, self.problem.problem_id, self.iteration, "call", role, sample)
+            resolved = resolved.model_copy(update={"earlier_seed": earlier})
         reserve = await self._admit(resolved, messages)
         self.calls_in_flight += 1
         self._hold(reserve, +1)
@@ -499,10 +510,10 @@ class ProblemSession:
         """The max_tokens a call of ``role`` with the ``sampling`` override would send."""
         return self.resolve_sampling(role, sampling).sampling.max_tokens
 
-    def derive_seed(self, *parts: object) -> int:
-        """A 31-bit seed fixed by the run seed, the problem, the current iteration and ``parts``."""
-        raw = repr((self.seed, self.problem.problem_id, self.iteration, *parts)).encode()
-        return int.from_bytes(hashlib.sha256(raw).digest()[:4], "big") >> 1
+    def derived_base(self, *parts: object) -> int:
+        """The derived seed of sample 0 of a prompt (:func:`tmas.llm.sampling.derived_base`) fixed by the run seed,
+        the problem, the current iteration and ``parts``."""
+        return derived_base(self.seed, self.problem.problem_id, self.iteration, *parts)
 
     def begin_iteration(self, iteration: int) -> None:
         self.iteration = iteration

@@ -1,7 +1,7 @@
 """One agent call under the echo guard (:mod:`tmas.agents.echo`): a reply that echoes its prompt's instructions is
-counted for its role (``ReplyTally.echo``) and asked again once, under another sample index and, where a seed is
-configured, another seed (:meth:`ProblemSession.chat`'s ``attempt``). A caller that drops a reply's echoing items (a
-bank update, a distillation) reads the first reply when the retry is no reply to read (:func:`reply_to_read`)."""
+counted for its role (``ReplyTally.echo``) and asked again once, under another sample index and another seed
+(:meth:`ProblemSession.chat`'s ``attempt``). A caller that drops a reply's echoing items (a bank update, a
+distillation) reads the first reply when the retry is no reply to read (:func:`reply_to_read`)."""
 
 from __future__ import annotations
 

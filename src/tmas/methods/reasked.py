@@ -10,9 +10,10 @@ and a solution distilled once more after an unreadable distillation is asked the
 opinions keep failing is sent the same opinion prompt again once the snapshot and bulletin stand still. Under a
 configured seed the request would be the one sent before, and a server that honours the seed would give the same
 unusable reply again. The count is the ``attempt`` of :meth:`tmas.methods.base.ProblemSession.chat`: 0 on the first send
-(the configured seed goes plus the sample's index, as every sample's does), then a seed derived from that and the
-count (:func:`tmas.llm.sampling.retried`). Without a configured seed nothing changes: each call's derived seed already
-differs by iteration. A resumed run replays the same replies, so it counts the same and sends the same seeds.
+(the seed, configured or derived, goes plus the sample's index, as every sample's does), then a seed derived from
+that and the count (:func:`tmas.llm.sampling.retried`); a derived seed already differs by iteration, and the count
+keeps a prompt asked again within one iteration (an echo's retry) off the seed it was sent with. A resumed run
+replays the same replies, so it counts the same and sends the same seeds.
 """
 
 from __future__ import annotations
