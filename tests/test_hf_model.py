@@ -967,10 +967,11 @@ def test_tmas_eval_loads_the_model_once_for_its_pilot_run_and_judge(
     assert result.exit_code == 0, result.output
     # Three opens of one model in three event loops: the pilot's, the run's and the judge's.
     with RunStore(out / "pilot" / out.name, create=False) as pilot:
-        assert len(list(pilot.calls())) == 2
+        # Two samples, and an answer reminder where a reply asks for one: the seeds decide which.
+        assert len(list(pilot.calls())) in (2, 3, 4)
     with RunStore(out, create=False) as store:
         roles = Counter(call.key.role for call in store.calls())
-        assert roles["solution"] == 2 and roles["judge"] >= 1
+        assert roles["solution"] in (2, 3, 4) and roles["judge"] >= 1
         assert store.grades("judge")
     assert loads == [folder]
 
