@@ -36,6 +36,7 @@ from conftest import isolate
 from tmas.agents.verification import verification_reply_model
 from tmas.cli.main import app
 from tmas.config import Endpoint, Sampling, Settings
+from tmas.grading.rules import NO_ANSWER
 from tmas.llm import hf_checkpoint, hf_engine, hf_kept, hf_sampling
 from tmas.llm.factory import open_model
 from tmas.llm.hf_checkpoint import checkpoint, convert
@@ -971,8 +972,12 @@ def test_tmas_eval_loads_the_model_once_for_its_pilot_run_and_judge(
         assert len(list(pilot.calls())) in (2, 3, 4)
     with RunStore(out, create=False) as store:
         roles = Counter(call.key.role for call in store.calls())
-        assert roles["solution"] in (2, 3, 4) and roles["judge"] >= 1
-        assert store.grades("judge")
+        grades = store.grades("judge")
+        assert roles["solution"] in (2, 3, 4) and grades
+        # The judge is asked only about a reply with an extracted answer (one without is wrong unasked): the seeds
+        # decide whether the tiny model's 12 tokens hold one.
+        answered = [g for g in grades if g.detail != NO_ANSWER]
+        assert (roles["judge"] >= 1) == bool(answered)
     assert loads == [folder]
 
 

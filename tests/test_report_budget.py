@@ -101,7 +101,9 @@ async def test_the_report_shows_budget_and_spend_side_by_side(tmp_path: Path) ->
     assert any("Completion tokens/problem | Prompt + completion tokens/problem" in line for line in header[:6])
     # cot: one call a problem, 30 completion and 130 prompt + completion tokens.
     assert [row[8:10] for row in cost if row[0].startswith("cot")] == [["30", "130"]]
-    assert "Completion tokens/problem is what the frontier and the equal-budget table count" in markdown
+    assert (
+        "Completion tokens/problem is what the frontier, the equal-budget table and the budget table count" in markdown
+    )
 
 
 async def test_a_run_stopped_early_costs_per_problem_it_started(tmp_path: Path) -> None:
