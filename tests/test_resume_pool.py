@@ -17,6 +17,7 @@ from tmas.memory.embedders import EndpointEmbedder
 from tmas.memory.pool import Pool
 from tmas.memory.pool_entry import PoolEntry
 from tmas.problems import Problem
+from tmas.runner import RunSetup
 from tmas.store.run_store import RunStore
 from tmas.testing import ScriptedModel, SimScript
 
@@ -122,3 +123,61 @@ async def test_a_run_that_recorded_no_pool_resumes_with_a_notice(stopped_run: tu
         )
         # Recorded now: a later resume compares with the pool this one read.
         assert store.get_meta("method_inputs") == {f"pool={pool_path}": Pool.open(pool_path).content_digest()}
+
+
+@pytest.fixture
+async def rebuilt_after_record(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """A build that saves the pool a run names just after the run recorded its setup (the pool's digest among it)
+    and before the run's first retrieval: its entries replaced by one new one. The digests it saved."""
+    other = tmp_path / "other"
+    embed = EndpointEmbedder(ScriptedModel(settings=scripted_settings()))
+    pool = Pool.create(other, embed.name)
+    await pool.add([PoolEntry(id="e9", action="Halve and double", experience="17*24 is 34*12.")], embed)
+    pool.save()
+    saved: list[str] = []
+    record = RunSetup.record
+
+    def record_then_rebuild(self: RunSetup, store: RunStore) -> None:
+        record(self, store)
+        if not saved:
+            rebuilt = Pool.open(other)
+            rebuilt.path = Path(self.settings.method.params["pool"])
+            rebuilt.save()
+            saved.append(rebuilt.content_digest())
+
+    monkeypatch.setattr(RunSetup, "record", record_then_rebuild)
+    return saved
+
+
+async def test_a_pool_saved_after_the_run_started_is_the_one_recorded_and_read(
+    tmp_path: Path, rebuilt_after_record: list[str]
+) -> None:
+    pool = tmp_path / "pool"
+    await make_pool(pool)
+    old = Pool.open(pool).content_digest()
+    run_dir = tmp_path / "run"
+    model = model_for(pool)
+    await scripted_run(model, run_dir, PROBLEMS)
+    [new] = rebuilt_after_record
+    assert new != old
+    # The run read the rebuilt pool, and its record names that content: the one a resume compares with.
+    assert asked_about(model, "Halve and double") > 0 and asked_about(model, "Split a factor") == 0
+    with RunStore(run_dir, read_only=True) as store:
+        assert store.get_meta("method_inputs") == {f"pool={pool}": new}
+
+
+async def test_a_resume_refuses_a_pool_saved_after_its_check(
+    stopped_run: tuple[Path, Path], rebuilt_after_record: list[str]
+) -> None:
+    run_dir, pool_path = stopped_run
+    model = model_for(pool_path)
+    with pytest.raises(InputError) as refused:
+        await scripted_run(model, run_dir)
+    assert rebuilt_after_record and str(refused.value) == (
+        f"{run_dir}: 1 finished problem was solved with pool={pool_path} as it was at the run's start; it has changed"
+        " since (rebuilt, added to or pruned): resumed so, what finished would stay of the old pool and the rest get"
+        " the new one's; start a new run on it, or resume with the pool as it was"
+    )
+    assert model.calls == [] and model.embedded == []
+    with RunStore(run_dir, read_only=True) as store:
+        assert [r.problem_id for r in store.results()] == ["p0"]

@@ -424,11 +424,7 @@ class RunSetup:
             return
         count = "1 finished problem was" if len(finished) == 1 else f"{len(finished)} finished problems were"
         if inputs := self.changed_inputs(store):
-            raise InputError(
-                f"{store.run_dir}: {count} solved with {inputs[0]} as it was at the run's start; it has changed since"
-                " (rebuilt, added to or pruned): resumed so, what finished would stay of the old pool and the rest"
-                " get the new one's; start a new run on it, or resume with the pool as it was"
-            )
+            raise _input_changed(store, count, inputs[0])
         changed = sorted(self.changed_requests(store) + self.changed_handling(store))
         if not changed:
             return
@@ -481,6 +477,35 @@ class RunSetup:
         store.set_meta("method", {"name": self.method.name, "params": self.method.params.model_dump(mode="json")})
         store.set_meta("prompt_overrides", {o.name: o.sha256 for o in self.overrides})
         store.set_meta("method_inputs", self.inputs)
+
+
+def _input_changed(store: RunStore, count: str, name: str) -> InputError:
+    """The refusal of a run whose finished problems read ``name`` with other content than it has now."""
+    return InputError(
+        f"{store.run_dir}: {count} solved with {name} as it was at the run's start; it has changed since"
+        " (rebuilt, added to or pruned): resumed so, what finished would stay of the old pool and the rest"
+        " get the new one's; start a new run on it, or resume with the pool as it was"
+    )
+
+
+def pin_inputs(method: Method[Any], store: RunStore, fingerprint: str) -> None:
+    """Read what ``method`` reads outside the run (MATTRL's pool) once, now, for the whole run (the method keeps what
+    it read), and make the run's record of it (:meth:`RunSetup.record`) say what that is. A build that saved the pool
+    after the record was made would otherwise have the run retrieve from content the record does not name: recorded
+    anew where no problem of ``fingerprint`` (:func:`run_fingerprint`) has finished yet, refused (as
+    :meth:`RunSetup.check_resume` refuses) where one has."""
+    used = method.inputs()
+    recorded = store.get_meta("method_inputs")
+    if not isinstance(recorded, dict):
+        return  # a run of an earlier version, which recorded none: the resume said so (prepare_run)
+    changed = [name for name, identity in used.items() if recorded.get(name) != identity]
+    if not changed:
+        return
+    finished = store.finished_problem_ids(fingerprint)
+    if finished:
+        count = "1 finished problem was" if len(finished) == 1 else f"{len(finished)} finished problems were"
+        raise _input_changed(store, count, changed[0])
+    store.set_meta("method_inputs", {**recorded, **used})
 
 
 def _recorded_settings(store: RunStore) -> Settings | None:
@@ -668,6 +693,7 @@ async def run_problems(
     # Another process running this directory would send its unfinished problems' calls a second time. A store that
     # prepare_run opened holds the lock already.
     with nullcontext() if store.holds_lock else RunLock(store.run_dir), prompts_from(settings.prompts_dir):
+        pin_inputs(method, store, fingerprint)
         stats = ClientStats()
         log_dir = None if scratch else store.run_dir
         opened = open_model(settings, store, log_dir=log_dir, stats=stats, on_send=turns.sent, model=model)

@@ -252,13 +252,21 @@ class MATTRL(Method[MATTRLParams]):
     def inputs(self) -> dict[str, str]:
         """The experience pool the specialists retrieve from, by its content (:meth:`Pool.content_digest`): a pool
         rebuilt, added to or pruned since the run finished some problems would give the rest other hints. None
-        without a pool, or where a single teacher teaches without it."""
+        without a pool, or where a single teacher teaches without it. The pool is read here once and kept: every
+        retrieval of this method reads what this digest is of, whatever a build saves meanwhile."""
         p = self.params
         if p.pool is None or (self.domain.teaching and p.teaching == "single"):
             return {}
-        from tmas.memory.pool import Pool
+        return {f"pool={p.pool}": self._loaded_pool().content_digest()}
 
-        return {f"pool={p.pool}": Pool.open(Path(p.pool)).content_digest()}
+    def _loaded_pool(self) -> Pool:
+        """The experience pool, read at the first need and kept for the method's life."""
+        if self._pool is None:
+            from tmas.memory.pool import Pool
+
+            assert self.params.pool is not None
+            self._pool = Pool.open(Path(self.params.pool))
+        return self._pool
 
     @property
     def domain(self) -> Domain:
@@ -394,8 +402,6 @@ class MATTRL(Method[MATTRLParams]):
         p = self.params
         if p.pool is None:
             return None
-        from tmas.memory.pool import Pool
-
         embed: Embedder
         if p.embedder == LOCAL:
             # One all-MiniLM-L6-v2 for the run's problems: its weights are read once, not once a problem.
@@ -403,13 +409,13 @@ class MATTRL(Method[MATTRLParams]):
             embed = self._local
         else:
             embed = embedder_for(p.embedder, session.llm)
-        if self._pool is None:
-            self._pool = Pool.open(Path(p.pool), embed.name)
+        pool = self._loaded_pool()
+        pool.check_embedder(embed.name)
         domain = self.domain.name
-        if not any(entry.domain == domain for entry in self._pool.entries):
+        if not any(entry.domain == domain for entry in pool.entries):
             # An empty pool (a build that kept no turn) or one of other domains' runs: no specialist can get a hint,
             # so nothing is embedded, and the run says it is the team without experience.
-            others = len(self._pool.entries)
+            others = len(pool.entries)
             holds = f"no {domain} entries ({others} of other domains)" if others else "no entries"
             session.notice(
                 "mattrl_no_experience",
@@ -418,14 +424,14 @@ class MATTRL(Method[MATTRLParams]):
             )
             return None
         own = None if p.pool_same_problem else question_hash(session.problem.question)
-        left_out = sum(1 for entry in self._pool.entries if own is not None and entry.source_question == own)
+        left_out = sum(1 for entry in pool.entries if own is not None and entry.source_question == own)
         if left_out:
             session.notice(
                 "mattrl_same_problem_entries",
                 f"pool={p.pool} holds entries distilled from problems of this run: each problem's own are left out"
                 " of its retrieval (pool_same_problem=true retrieves them)",
             )
-        return Retriever(self._pool, embed, p.top_k, own, left_out)
+        return Retriever(pool, embed, p.top_k, own, left_out)
 
     async def _hints(
         self,
