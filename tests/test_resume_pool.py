@@ -181,3 +181,18 @@ async def test_a_resume_refuses_a_pool_saved_after_its_check(
     assert model.calls == [] and model.embedded == []
     with RunStore(run_dir, read_only=True) as store:
         assert [r.problem_id for r in store.results()] == ["p0"]
+
+
+async def test_a_run_on_a_pool_of_another_embedding_model_is_refused_before_any_call(tmp_path: Path) -> None:
+    pool = tmp_path / "pool"
+    Pool.create(pool, "endpoint:other-embedder")
+    run_dir = tmp_path / "run"
+    model = model_for(pool)
+    with pytest.raises(InputError) as refused:
+        await scripted_run(model, run_dir, PROBLEMS)
+    assert str(refused.value) == (
+        f"{pool}: pool built with embedding model 'endpoint:other-embedder', but 'endpoint:sim-model' is configured"
+    )
+    assert model.calls == [] and model.embedded == []
+    with RunStore(run_dir, read_only=True) as store:
+        assert store.results() == []

@@ -702,6 +702,7 @@ async def run_problems(
             problem_solver(settings, llm, method, store, state=state, finished=finished) as solver,
         ):
             state.stats = stats
+            method.check_model(llm)
 
             async def one(problem: Problem, lane: Lane) -> None:
                 async with turns.turn(problem.problem_id):

@@ -684,6 +684,11 @@ class Method(ABC, Generic[P]):
         """An error, one line, where something the parameters name outside the run (a folder of the user's) cannot
         be read: checked before a run directory is made and before any call. Nothing by default."""
 
+    def check_model(self, llm: ChatModel) -> None:
+        """An error, one line, where what the parameters name outside the run does not go with the model the run
+        opened (MATTRL's pool, built with another embedding model): checked once the model is open, before any
+        problem is solved. Nothing by default."""
+
     def inputs(self) -> dict[str, str]:
         """What the parameters name outside the run that its requests are made from (MATTRL's experience pool), as
         a name a message shows (``pool=PATH``) -> an identity of its content. A run records them with its setup, and

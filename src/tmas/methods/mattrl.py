@@ -38,6 +38,7 @@ from tmas.agents.output import AgentOutputError, finished_lines
 from tmas.agents.solution import SolutionOutput, parse_solution
 from tmas.answers import normalize_answer
 from tmas.errors import InputError, LLMError
+from tmas.llm.model import ChatModel
 from tmas.llm.tokens import CHARS_PER_TOKEN
 from tmas.llm.types import Completion
 from tmas.memory.embedders import LOCAL, Embedder, LocalEmbedder, embedder_for
@@ -259,6 +260,21 @@ class MATTRL(Method[MATTRLParams]):
             return {}
         return {f"pool={p.pool}": self._loaded_pool().content_digest()}
 
+    def check_model(self, llm: ChatModel) -> None:
+        """The pool's embedding model is the one configured (the endpoint's ``embedding`` model, or the local one):
+        a pool another model built is refused before the first problem, not in each."""
+        p = self.params
+        if p.pool is not None and not (self.domain.teaching and p.teaching == "single"):
+            self._loaded_pool().check_embedder(self._embedder(llm).name)
+
+    def _embedder(self, llm: ChatModel) -> Embedder:
+        """The embedder of the queries: the endpoint's ``embedding`` model, or one all-MiniLM-L6-v2 for the run's
+        problems (its weights are read once, not once a problem)."""
+        if self.params.embedder == LOCAL:
+            self._local = self._local or LocalEmbedder()
+            return self._local
+        return embedder_for(self.params.embedder, llm)
+
     def _loaded_pool(self) -> Pool:
         """The experience pool, read at the first need and kept for the method's life."""
         if self._pool is None:
@@ -402,13 +418,7 @@ class MATTRL(Method[MATTRLParams]):
         p = self.params
         if p.pool is None:
             return None
-        embed: Embedder
-        if p.embedder == LOCAL:
-            # One all-MiniLM-L6-v2 for the run's problems: its weights are read once, not once a problem.
-            self._local = self._local or LocalEmbedder()
-            embed = self._local
-        else:
-            embed = embedder_for(p.embedder, session.llm)
+        embed = self._embedder(session.llm)
         pool = self._loaded_pool()
         pool.check_embedder(embed.name)
         domain = self.domain.name
