@@ -498,10 +498,10 @@ def pin_inputs(method: Method[Any], store: RunStore, fingerprint: str) -> None:
     recorded = store.get_meta("method_inputs")
     if not isinstance(recorded, dict):
         return  # a run of an earlier version, which recorded none: the resume said so (prepare_run)
-    changed = [name for name, identity in used.items() if recorded.get(name) != identity]
-    if not changed:
+    if all(recorded.get(name) == identity for name, identity in used.items()):
         return
-    finished = store.finished_problem_ids(fingerprint)
+    changed = [name for name, identity in used.items() if name in recorded and recorded[name] != identity]
+    finished = store.finished_problem_ids(fingerprint) if changed else set()
     if finished:
         count = "1 finished problem was" if len(finished) == 1 else f"{len(finished)} finished problems were"
         raise _input_changed(store, count, changed[0])
