@@ -625,3 +625,11 @@ async def test_an_education_build_keeps_the_top_quarter_of_each_teaching_interac
     assert r == pytest.approx({(pid, f"S{i}"): v for pid, rs in expected.items() for i, v in enumerate(rs, 1)})
     assert sorted((row["problem_id"], row["agent"]) for row in rows if row["kept"]) == [("q1", "S1"), ("q2", "S1")]
     assert summary.kept == 2
+
+
+async def test_a_single_teacher_teaches_whatever_embedding_model_built_the_unused_pool(tmp_path: Path) -> None:
+    Pool.create(tmp_path / "pool", "endpoint:other-embedder")
+    result, model = await teach_in_process("B", iterations=1, teaching="single", pool=str(tmp_path / "pool"))
+    assert result.status == "done" and result.error is None
+    assert [n.split(":")[0] for n in result.notices] == [f"pool={tmp_path / 'pool'} is not used with teaching=single"]
+    assert model.embedded == []

@@ -316,7 +316,9 @@ class MATTRL(Method[MATTRLParams]):
 
     async def _teach(self, session: ProblemSession) -> ProblemResult:
         """C.1: the student's pre-test, the team's (or a single teacher's) dialogue, the post-test."""
-        p, retriever, metadata = self.params, self._retriever(session), session.problem.metadata
+        p, metadata = self.params, session.problem.metadata
+        # A single teacher teaches without experience: its pool is not read (nor checked against the embedder).
+        retriever = self._retriever(session) if p.teaching == "team" else None
 
         async def retrieve(member: TeamMember, context: str, notes: list[str]) -> list[PoolEntry]:
             return await self._hints(retriever, member, [context], notes, metadata)
