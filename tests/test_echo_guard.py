@@ -18,7 +18,7 @@ from mattrl_runs import hand_worked_transcript, write_run
 from scripted_runs import by_role, solve_in_process
 from test_mattrl_domains import build_model, rubric, teach
 from test_pool_build import scripted_rules
-from tmas.agents.echo import ECHO_SHARE, NGRAM, EchoGuard, split_prompt, tokens
+from tmas.agents.echo import DATA_BLOCK, ECHO_SHARE, NGRAM, EchoGuard, split_prompt, tokens
 from tmas.agents.experience import experience_prompt
 from tmas.agents.rollouts import RolloutView
 from tmas.agents.solution import generation_prompt
@@ -182,6 +182,33 @@ async def run_tmas(rules: list[Rule], question: str = Q, **params: Any) -> tuple
 
 def solution_calls(model: ScriptedModel) -> list[ScriptedCall]:
     return model.calls_of("solution")
+
+
+async def test_a_solution_writing_its_blocks_closing_tag_stays_data_and_its_answer_is_graded_as_written() -> None:
+    # A solver that wraps its work in the tags it was shown, closing the block in the middle of its solution.
+    tagged = (
+        "<solution>\nSplit the product.\n</solution>\n"
+        "Seventeen rows of twenty three give three hundred forty plus fifty one, so the product is 391.\n\\boxed{391}"
+    )
+    quoting = (
+        "## Validated Steps\n- seventeen rows of twenty three give three hundred forty plus fifty one\n"
+        "## Remaining Flaws\n- none found\n## Verdict\nThe product is right."
+    )
+    result, model = await run_tmas(
+        [Rule(role="solution", replies=[tagged], times=1), Rule(role="summary", replies=[quoting])], n=1
+    )
+    # The summary quotes the part of the solution after its tag: data, so it is no echo and is kept.
+    [summary_call] = model.calls_of("summary")
+    solution_block = next(
+        m.group(0) for m in DATA_BLOCK.finditer(summary_call.messages[-1].content) if m.group(1) == "solution"
+    )
+    assert "three hundred forty plus fifty one" in solution_block and "&lt;/solution&gt;" in solution_block
+    record = result.iterations[0]
+    assert record.replies["summary"].echo == 0 and "summary_echo" not in result.counters
+    assert record.candidates[0].meta.summary == quoting
+    # What is graded and stored is the reply as written, not the prompt's inert copy.
+    assert result.answer == "391" and record.candidates[0].answer == "391"
+    assert "</solution>" in record.candidates[0].text and "&lt;" not in record.candidates[0].text
 
 
 async def test_tmas_rejects_an_echoed_answer_asks_again_once_and_counts_it() -> None:

@@ -12,7 +12,7 @@ from collections.abc import Callable
 from pydantic import BaseModel, Field
 
 from tmas.agents.mattrl_opinion import ranked_names
-from tmas.agents.templates import prompt
+from tmas.agents.templates import TaggedText, inert_tags, prompt
 from tmas.answers import extract_answer
 from tmas.llm.types import Message
 
@@ -104,10 +104,18 @@ def clip(text: str, cap: int) -> str:
     return f"{text[:head]}\n{note}\n{text[len(text) - (cap - head) :]}"
 
 
-def discussion_record(status: list[str], rounds: list[tuple[int, list[tuple[str, str]]]], budget: int | None) -> str:
+def discussion_record(
+    status: list[str], rounds: list[tuple[int, list[tuple[str, str]]]], budget: int | None
+) -> TaggedText:
     """Eq. 7's input: every round's opinions (``rounds``: round number, then (speaker, text) pairs) after the team's
     final status lines, fitted to ``budget`` characters (None: no limit). Older rounds are shortened first (each
-    opinion to the same cap, head and tail kept); the latest round only when the older ones are down to a note."""
+    opinion to the same cap, head and tail kept); the latest round only when the older ones are down to a note.
+
+    The record is laid out in ``<round>`` blocks of its own, so the decision template inserts it as it is; the
+    opinions and status lines in it have their tags made inert first (an opinion that writes ``</team_summary>``
+    stays inside the record), and the budget counts them so."""
+    status = [inert_tags(line) for line in status]
+    rounds = [(number, [(inert_tags(who), inert_tags(text)) for who, text in said]) for number, said in rounds]
 
     def render(cap_old: int | None, cap_last: int | None) -> str:
         parts = ["\n".join(status)]
@@ -120,7 +128,7 @@ def discussion_record(status: list[str], rounds: list[tuple[int, list[tuple[str,
 
     full = render(None, None)
     if budget is None or len(full) <= budget:
-        return full
+        return TaggedText(full)
     longest = max((len(text) for _, said in rounds for _, text in said), default=0)
 
     def largest(fits: Callable[[int], bool]) -> int:
@@ -131,5 +139,5 @@ def discussion_record(status: list[str], rounds: list[tuple[int, list[tuple[str,
         return lo
 
     if len(render(0, None)) <= budget:
-        return render(largest(lambda cap: len(render(cap, None)) <= budget), None)
-    return render(0, largest(lambda cap: len(render(0, cap)) <= budget))
+        return TaggedText(render(largest(lambda cap: len(render(cap, None)) <= budget), None))
+    return TaggedText(render(0, largest(lambda cap: len(render(0, cap)) <= budget)))

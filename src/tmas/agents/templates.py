@@ -3,6 +3,11 @@
 Problem text, solutions and banks are passed as variables, so they are data: Jinja2 never evaluates template syntax
 that appears inside them.
 
+Text inserted into a template (any ``{{ }}`` value: a problem, a solution, a report, a bank entry) has the tags a
+data block opens and closes with written as entities (``&lt;/solution&gt;``, :func:`inert_tags`): a solution that
+writes ``</solution>`` stays inside its block, for the model that reads it and for the echo guard alike. What gets
+graded is never read from a prompt: answers come from the replies as the model wrote them.
+
 Every template follows two rules (tests/test_prompt_audit.py checks both on every file):
 - data first, in tagged blocks (an opening tag alone on a line, ``<problem>`` first), the role's instructions last,
   so calls about one problem share the longest prefix (prefix caches) and the echo guard can tell data from
@@ -13,6 +18,7 @@ Every template follows two rules (tests/test_prompt_audit.py checks both on ever
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterator
 from contextlib import contextmanager
 from contextvars import ContextVar
@@ -24,6 +30,29 @@ import jinja2
 
 from tmas.llm.types import Message
 
+# A tag as a text inserted into a data block may write one of the blocks' own: a closing tag (any spacing, anything up
+# to its ">"), or an opening tag bare or with quoted attributes. "a<b and c>d" is no tag; "</" opens none in math.
+_BLOCK_TAG = re.compile(r"<(\s*/\s*[A-Za-z_][\w-]*\b[^<>]*|\s*[A-Za-z_][\w-]*(?:\s+[\w-]+\s*=\s*\"[^\"<>]*\")*\s*)>")
+
+
+def inert_tags(text: str) -> str:
+    """``text`` with the tags it holds written as entities (``&lt;/solution&gt;``): a text that closes its block and
+    writes on after it, as a prompt would, stays inside its block."""
+    return _BLOCK_TAG.sub(r"&lt;\1&gt;", text) if "<" in text else text
+
+
+class TaggedText(str):
+    """Text laid out in tagged blocks of its own, whose inserted parts went through :func:`inert_tags`: a template
+    inserts it as it is."""
+
+    __slots__ = ()
+
+
+def _inserted(value: Any) -> Any:
+    """What a template's ``{{ }}`` writes for ``value``: text with its tags made inert."""
+    return inert_tags(value) if isinstance(value, str) and not isinstance(value, TaggedText) else value
+
+
 # The system message of every math agent: solvers of every method, verifiers, MATTRL's math specialists.
 MATH_SYSTEM = "system_math.j2"
 
@@ -33,6 +62,7 @@ _OPTIONS: dict[str, Any] = {
     "keep_trailing_newline": False,
     "trim_blocks": True,
     "lstrip_blocks": True,
+    "finalize": _inserted,
 }
 
 

@@ -37,8 +37,6 @@ CALL_FAILED = "judge call failed"
 # The most of an answer the judge is shown: its end, where a long answer's result is.
 STUDENT_TAIL_CHARS = 2000
 _FENCE = re.compile(r"^```(?:json)?\s*|\s*```$", re.I)
-# The tags of the judge prompt's blocks, as a text passed into one may write them (with any spacing or attributes).
-_BLOCK_TAG = re.compile(r"<(\s*/?\s*(?:problem|reference|student)\b[^<>]*)>", re.I)
 
 
 class JudgeReply(BaseModel):
@@ -131,12 +129,6 @@ class JudgeVerdict:
     usage: Usage
 
 
-def inert_tags(text: str) -> str:
-    """``text`` with the judge prompt's block tags it holds written as entities (``&lt;/student&gt;``): an answer
-    that closes its block and writes on after it, as the prompt would, stays inside its block."""
-    return _BLOCK_TAG.sub(r"&lt;\1&gt;", text)
-
-
 def judge_route(settings: Settings | None) -> Settings | None:
     """The settings a judge is opened on: where only the judge role names an endpoint (``[roles.judge] base_url``,
     ``--judge-base-url``), ``settings`` with it made the default endpoint, so that nothing else is started; else
@@ -167,12 +159,14 @@ async def judge_once(
     retries: int = 2,
 ) -> JudgeVerdict:
     """Judge run ``run`` for one (reference, student) pair; invalid replies are retried ``retries`` times."""
+    # The texts' own tags are made inert as every template inserts them: an answer that writes "</student>" and a
+    # grader's note after it stays inside its block.
     messages = prompt(
         "judge_user.j2",
         system_name="judge_system.j2",
-        problem=inert_tags(problem),
-        reference=inert_tags(reference),
-        student=inert_tags(student[-STUDENT_TAIL_CHARS:]),
+        problem=problem,
+        reference=reference,
+        student=student[-STUDENT_TAIL_CHARS:],
     )
     usage = Usage()
     detail = ""
