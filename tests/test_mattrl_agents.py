@@ -9,7 +9,7 @@ import re
 import pytest
 
 from tmas.agents.echo import DATA_BLOCK
-from tmas.agents.mattrl_decision import discussion_record, parse_top10
+from tmas.agents.mattrl_decision import discussion_record, parse_final_answer, parse_top10
 from tmas.agents.mattrl_opinion import hints_block, parse_differential, ranked_names
 from tmas.agents.mattrl_review import (
     Issue,
@@ -445,6 +445,32 @@ def test_an_opinion_writing_the_records_closing_tags_stays_inside_its_round_of_t
     assert discussion_record([], [(1, [("S1 Algebra", opinion)])], 10_000) == discussion_record(
         [], [(1, [("S1 Algebra", opinion)])], None
     )
+
+
+def test_a_reply_that_names_its_tags_in_its_prose_is_read_from_the_block_it_fills() -> None:
+    # The tags named as the prompt names them, an empty pair, before or after the block that holds the answer.
+    after = (
+        "<analysis>\n- telescoping\n</analysis>\n<final_answer>\n5050\n</final_answer>\n<formal_proof>\n"
+        "Pair the terms; the value written in <final_answer></final_answer> above follows.\n</formal_proof>"
+    )
+    decision = parse_final_answer(after)
+    assert decision is not None and decision.answer == "5050" and decision.proof.startswith("Pair the terms")
+    listed = "<top10>\n[1] Pompe disease\n[2] Fabry disease\n</top10>\nBoth are listed in <top10></top10> as asked."
+    ranked = parse_top10(listed)
+    assert ranked is not None and ranked.top10 == ["Pompe disease", "Fabry disease"]
+    opinion = (
+        "I revised my <diagnosis></diagnosis> list after the review.\n"
+        "<diagnosis>\n1. Wilson disease: copper.\n2. Menkes disease: also copper.\n</diagnosis>"
+    )
+    assert parse_differential(opinion) == ["Wilson disease", "Menkes disease"]
+    # A named pair, then the block itself cut at the token limit: the cut block is read.
+    cut = "<analysis>\n- put it in <final_answer></final_answer>\n</analysis>\n<final_answer>\n5050\n"
+    decision = parse_final_answer(cut)
+    assert decision is not None and decision.answer == "5050"
+    # An empty block is still the tag: no answer, not a missing tag (no rewrite).
+    empty = parse_final_answer("<analysis>x</analysis>\n<final_answer></final_answer>")
+    assert empty is not None and empty.answer is None
+    assert parse_final_answer("<analysis>x</analysis>") is None
 
 
 def test_the_planned_question_is_the_rounds_own() -> None:

@@ -12,6 +12,7 @@ from collections.abc import Callable
 from pydantic import BaseModel, Field
 
 from tmas.agents.mattrl_opinion import ranked_names
+from tmas.agents.output import tagged_block
 from tmas.agents.templates import TaggedText, inert_tags, prompt
 from tmas.answers import extract_answer
 from tmas.llm.types import Message
@@ -23,18 +24,6 @@ class Decision(BaseModel):
     # Medicine: the ranked differential; math: empty.
     top10: list[str] = Field(default_factory=list)
     proof: str = ""
-
-
-def _tag(text: str, name: str) -> str | None:
-    """The last ``<name>...</name>`` block; where the tag was opened and never closed (a reply cut at its token
-    limit, or one that goes on to its next tag), what follows the last opening up to the next tag."""
-    found = re.findall(rf"<{name}>(.*?)</{name}>", text, re.S | re.I)
-    if found:
-        return str(found[-1]).strip()
-    opened = re.split(rf"<{name}>", text, flags=re.I)
-    if len(opened) < 2:
-        return None
-    return re.split(r"</?[a-z_][a-z0-9_]*>", opened[-1], maxsplit=1, flags=re.I)[0].strip()
 
 
 def decision_prompt(question: str, domain: str, summary: str, *, system_name: str | None = None) -> list[Message]:
@@ -70,23 +59,23 @@ def _clean_answer(block: str) -> str | None:
 def parse_final_answer(content: str) -> Decision | None:
     """A decision in ``<final_answer>`` (with its ``<analysis>`` and any ``<formal_proof>``); None when the tag is
     missing (the caller then asks for a rewrite)."""
-    final = _tag(content, "final_answer")
+    final = tagged_block(content, "final_answer")
     if final is None:
         return None
-    report = _tag(content, "analysis") or ""
-    return Decision(report=report, answer=_clean_answer(final), proof=_tag(content, "formal_proof") or "")
+    report = tagged_block(content, "analysis") or ""
+    return Decision(report=report, answer=_clean_answer(final), proof=tagged_block(content, "formal_proof") or "")
 
 
 def parse_top10(content: str) -> Decision | None:
     """A ranked decision in ``<top10>`` (with its ``<analysis>``), the first name its answer; None when the tag is
     missing or names nothing."""
-    block = _tag(content, "top10")
+    block = tagged_block(content, "top10")
     if block is None:
         return None
     ranked = ranked_names(block)
     if not ranked:
         return None
-    return Decision(report=_tag(content, "analysis") or "", answer=ranked[0], top10=ranked)
+    return Decision(report=tagged_block(content, "analysis") or "", answer=ranked[0], top10=ranked)
 
 
 # ---- the chair's reading of the discussion (Eq. 7) ------------------------------------------------------------

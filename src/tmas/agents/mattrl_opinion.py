@@ -9,12 +9,12 @@ from __future__ import annotations
 
 import re
 
+from tmas.agents.output import tagged_block
 from tmas.agents.templates import prompt, render
 from tmas.llm.types import Message
 from tmas.memory.pool_entry import PoolEntry
 from tmas.memory.transcript import TeamMember
 
-_DIAGNOSIS_BLOCK = re.compile(r"<diagnosis>(.*?)(?:</diagnosis>|\Z)", re.S | re.I)
 # One numbered line: "1. Name: why", "2) Name" or "[3] Name"; its text may be empty (the name on the next line).
 _NUMBERED = re.compile(r"^[ \t]*(?:\[(\d{1,2})\]|(\d{1,2})[.)])[ \t]*(.*?)[ \t]*$")
 
@@ -95,9 +95,9 @@ def parse_differential(content: str) -> list[str]:
     """A medicine opinion's ranked diagnoses: the ``<diagnosis>`` block's; without one, the reply's longest numbered
     list (the last of equally long ones), so the numbered parts of an outline around the list ("1) Reflection: ...",
     "2) Differential:") are not read as diagnoses."""
-    block = _DIAGNOSIS_BLOCK.search(content)
-    if block:
-        return ranked_names(block.group(1))
+    block = tagged_block(content, "diagnosis")
+    if block is not None:
+        return ranked_names(block)
     lists: list[list[tuple[int, str]]] = []
     for number, said in numbered_items(content):
         if number == 1 or not lists:

@@ -28,6 +28,26 @@ def finished_lines(reply: Completion) -> str:
     return head + newline
 
 
+# Any tag: where a block that was opened and never closed ends.
+_ANY_TAG = re.compile(r"</?[a-z_][a-z0-9_]*>", re.I)
+
+
+def tagged_block(text: str, name: str) -> str | None:
+    """What a reply writes in its ``<name>...</name>`` block, stripped: the last such block that holds anything, since
+    a reply may name its tags in its prose ("the answer goes inside <final_answer></final_answer>"), before or after
+    the block it fills. Where no closed block holds anything, a block opened after the last closed one and never
+    closed (a reply cut at its token limit, or one that goes on to its next tag): what follows its opening, up to the
+    next tag. "" where the reply has the tag and the block holds nothing; None without the tag."""
+    closed = list(re.finditer(rf"<{name}>(.*?)</{name}>", text, re.S | re.I))
+    filled = [value for match in closed if (value := match.group(1).strip())]
+    if filled:
+        return filled[-1]
+    opened = re.split(rf"<{name}>", text[closed[-1].end() :] if closed else text, flags=re.I)
+    if len(opened) >= 2:
+        return _ANY_TAG.split(opened[-1], maxsplit=1)[0].strip()
+    return "" if closed else None
+
+
 # A model writing LaTeX inside a JSON string writes one backslash. "\frac", "\binom", "\times", "\neq" and
 # "\rightarrow" then begin with valid JSON escapes (form feed, backspace, tab, newline, carriage return) and decode into
 # control characters in the middle of the mathematics ("\times" as a tab and "imes"): 131 of 862 JSON replies of the
