@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from conftest import dead_url, settings_for
+from tmas.agents.verification import parse_verification
 from tmas.config import Sampling
 from tmas.errors import ConfigError
 from tmas.llm.client import LLMClient
@@ -230,6 +231,21 @@ async def test_a_reply_cut_inside_thinking_by_a_reasoning_parser_has_no_answer(
     assert cut.ok and cut.truncated and cut.finish_reason == "length"
     assert (cut.content, cut.reasoning) == ("", "Perhaps the product is \\boxed{7}, but I")
     assert cut.usage.completion_tokens == 12 and cut.usage.reasoning_tokens == 12
+
+
+@pytest.mark.parametrize("tag", ["<think>", "</think>"])
+async def test_a_think_tag_the_answer_writes_is_kept_where_the_thinking_came_in_its_field(
+    sim: SimServer, tag: str
+) -> None:
+    # A verifier whose thinking the reasoning parser sent in its field, quoting a tag of the solution it checks: the
+    # answer is the content whole, its score line included.
+    answer = f"The solution leaves a stray {tag} tag in its text, which changes nothing.\nScore: 1"
+    rule = Rule(role="verification", replies=[answer], reasoning="Check each step of the product.")
+    sim.set_script(SimScript(persona="vllm", reasoning=True, rules=[rule]))
+    async with open_model(settings_for(sim)) as llm:
+        reply = await llm.chat("verification", QUESTION)
+    assert (reply.content, reply.reasoning) == (answer, "Check each step of the product.")
+    assert parse_verification(reply.content).score == 1.0
 
 
 async def test_usage_from_server_and_estimated_without(sim: SimServer) -> None:

@@ -21,9 +21,10 @@ def split_reasoning(content: str, reasoning_field: str | None = None, *, cut_inl
     Servers with a reasoning parser (vLLM, SGLang) put thinking in ``reasoning_content`` (or ``reasoning``);
     without one it stays in the content as ``<think>...</think>``. Some chat templates open the think block in
     the prompt (DeepSeek-R1 distills, Qwen3.5), so the content may hold only the closing tag: everything before it is
-    thinking then, and a reply cut before that tag holds no tag at all. ``cut_inline``: the reply was cut before its
-    end by a model known to think inside its content (:func:`reply_place`); such a reply without a think tag is all
-    thinking, cut before its answer, as a reasoning parser reads it.
+    thinking then, and a reply cut before that tag holds no tag at all. Where the thinking came in its field, a lone
+    tag in the content is the answer's own text. ``cut_inline``: the reply was cut before its end by a model known to
+    think inside its content (:func:`reply_place`); such a reply without a think tag is all thinking, cut before its
+    answer, as a reasoning parser reads it.
     """
     if cut_inline and not reasoning_field and "<think>" not in content and "</think>" not in content:
         return "", content.strip()
@@ -32,10 +33,12 @@ def split_reasoning(content: str, reasoning_field: str | None = None, *, cut_inl
     if thoughts:
         parts.extend(t.strip() for t in thoughts)
         content = _THINK.sub("", content)
-    if "</think>" in content:
+    # Where the server's reasoning parser took the thinking out, a lone tag left in the content is text the answer
+    # writes (a verifier quoting a solution's tags), never a think block the template opened or one cut short.
+    if not reasoning_field and "</think>" in content:
         head, _, content = content.rpartition("</think>")
         parts.append(head.strip())
-    elif "<think>" in content:
+    elif not reasoning_field and "<think>" in content:
         # An unclosed think block: the model ran out of tokens while thinking; there is no final answer.
         head, _, tail = content.partition("<think>")
         parts.append(tail.strip())
