@@ -514,6 +514,18 @@ def _with_text(value: object, text: str, key: str = "") -> object:
     return value
 
 
+def test_only_what_can_end_or_open_a_block_is_made_inert_and_mathematics_stays_as_written() -> None:
+    assert templates.inert_tags("x</solution>y < / student >") == "x&lt;/solution&gt;y &lt; / student &gt;"
+    assert templates.inert_tags('<solution>\n  <rollout number="1">\nz') == (
+        '&lt;solution&gt;\n  &lt;rollout number="1"&gt;\nz'
+    )
+    for math in ("the subgroup <g> of G", "0<x and x>1", "a<b>c", "<b, c> and <1, 2>", "x < y/z > w"):
+        assert templates.inert_tags(math) == math
+    assert render("tmas_generate.j2", question="Is 0<x and x>1 possible?", mode="numeric", style="concise").startswith(
+        "<problem>\nIs 0<x and x>1 possible?\n</problem>"
+    )
+
+
 def test_a_text_that_writes_the_closing_tags_of_its_blocks_stays_inside_them() -> None:
     """Every template, each sample context, with every text in it (a solution, a report, a bank entry, a turn)
     writing the closing tag of each data block on a line of its own and going on after it: the blocks end where the

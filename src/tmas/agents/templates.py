@@ -30,15 +30,21 @@ import jinja2
 
 from tmas.llm.types import Message
 
-# A tag as a text inserted into a data block may write one of the blocks' own: a closing tag (any spacing, anything up
-# to its ">"), or an opening tag bare or with quoted attributes. "a<b and c>d" is no tag; "</" opens none in math.
-_BLOCK_TAG = re.compile(r"<(\s*/\s*[A-Za-z_][\w-]*\b[^<>]*|\s*[A-Za-z_][\w-]*(?:\s+[\w-]+\s*=\s*\"[^\"<>]*\")*\s*)>")
+# The tags of a data block, as a text inserted into one may write them: a closing tag anywhere (any spacing, anything
+# up to its ">"; "</" begins nothing in mathematics), and an opening tag, bare or with quoted attributes, where it
+# stands alone on its line, as a block opens ("the subgroup <g> of G" and "0<x and x>1" are left as they are).
+_CLOSING_TAG = re.compile(r"<(\s*/\s*[A-Za-z_][\w-]*\b[^<>\n]*)>")
+_OPENING_LINE = re.compile(
+    r"^([ \t]*)<([A-Za-z_][\w-]*(?:[ \t]+[\w-]+[ \t]*=[ \t]*\"[^\"<>\n]*\")*[ \t]*)>(?=[ \t]*$)", re.M
+)
 
 
 def inert_tags(text: str) -> str:
     """``text`` with the tags it holds written as entities (``&lt;/solution&gt;``): a text that closes its block and
     writes on after it, as a prompt would, stays inside its block."""
-    return _BLOCK_TAG.sub(r"&lt;\1&gt;", text) if "<" in text else text
+    if "<" not in text:
+        return text
+    return _OPENING_LINE.sub(r"\1&lt;\2&gt;", _CLOSING_TAG.sub(r"&lt;\1&gt;", text))
 
 
 class TaggedText(str):
