@@ -938,3 +938,72 @@ def test_a_stored_unfinished_request_of_cot_with_iterations_resumes_as_it_was_as
     with RunStore(run_dir, read_only=True) as store:
         [result] = store.results()
     assert result.status == "done" and result.answer == "391"
+
+
+def _content(reply: dict[str, Any]) -> str:
+    content: str = reply["choices"][0]["message"]["content"]
+    return content
+
+
+def _served_once(sim: SimServer, serve_dir: Path, body: dict[str, Any]) -> tuple[Path, dict[str, Any]]:
+    """The run of ``body`` served once, then left as a run whose client went away before its reply: its reply kept
+    for the first request for it. Its run directory and the reply."""
+    with ProxyThread(settings_for(sim), ServeOptions(serve_dir=serve_dir)) as proxy:
+        status, reply = post(f"{proxy.url}/v1/chat/completions", json.dumps(body).encode())
+    assert status == 200, reply
+    [run_dir] = runs_in(serve_dir)
+    (run_dir / "reply-pending").touch()
+    sim.reset()
+    return run_dir, reply
+
+
+def test_a_stored_reply_reaches_the_retry_that_asks_a_field_refused_since(
+    sim: SimServer, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    # web_search_options was accepted (and ignored) before it was refused: the retry of a request that asked it, whose
+    # run ended with nobody to take its reply, gets that reply from the store, not a 400 that leaves it there.
+    serve_dir = tmp_path / "served"
+    first = {"model": "cot/sim-model", "messages": [{"role": "user", "content": "What is 17*23?"}], "seed": 3}
+    run_dir, reply = _served_once(sim, serve_dir, first)
+    caplog.set_level("INFO", logger="tmas.serve")
+    caplog.clear()
+    with ProxyThread(settings_for(sim), ServeOptions(serve_dir=serve_dir)) as proxy:
+        # The start says which stored runs wait for their request.
+        assert f"1 stored run keeps a reply no client has had, for the same request sent again: {run_dir.name}" in (
+            caplog.text
+        )
+        retry = {**first, "web_search_options": {}}
+        status, again = post(f"{proxy.url}/v1/chat/completions", json.dumps(retry).encode())
+        assert status == 200, again
+        assert again["id"] == run_dir.name and _content(again) == _content(reply)
+        assert sim.stats().total_requests == 0
+        wait_until(lambda: not (run_dir / "reply-pending").is_file(), what="the reply counted as had")
+        # Its reply had, the same request is a new one: the field is refused as for any request.
+        status, refused = post(f"{proxy.url}/v1/chat/completions", json.dumps(retry).encode())
+    assert status == 400 and refused["error"]["param"] == "web_search_options"
+    assert sim.stats().total_requests == 0
+
+
+def test_a_stored_reply_reaches_its_retry_under_a_lower_cost_cap_and_an_unfinished_run_is_named(
+    sim: SimServer, tmp_path: Path
+) -> None:
+    # A server restarted with a lower --max-request-calls: a reply kept in the store costs no call and is had; an
+    # unfinished run it would resume past the cap is refused in one line naming that run.
+    serve_dir = tmp_path / "served"
+    first = {"model": "tmas/sim-model", "messages": [{"role": "user", "content": "What is 17*23?"}], "seed": 3}
+    run_dir, reply = _served_once(sim, serve_dir, first)
+    low = ServeOptions(serve_dir=serve_dir, max_request_calls=2)
+    with ProxyThread(settings_for(sim), low) as proxy:
+        status, again = post(f"{proxy.url}/v1/chat/completions", json.dumps(first).encode())
+    assert status == 200, again
+    assert again["id"] == run_dir.name and _content(again) == _content(reply)
+    assert sim.stats().total_requests == 0
+    with sqlite3.connect(run_dir / "run.sqlite") as db:
+        db.execute("DELETE FROM results")
+        db.execute("DELETE FROM result_summaries")
+    with ProxyThread(settings_for(sim), low) as proxy:
+        status, refused = post(f"{proxy.url}/v1/chat/completions", json.dumps(first).encode())
+    message = refused["error"]["message"]
+    assert status == 400 and refused["error"]["code"] == "cost_limit"
+    assert f"its run {run_dir.name}, stored unfinished, cannot be resumed" in message and "\n" not in message
+    assert sim.stats().total_requests == 0

@@ -123,7 +123,7 @@ class ServeApp:
         label = UNKNOWN_METHOD
         try:
             self._authorize(request)
-            body = ChatBody.parse(await self._read_body(request))
+            body = ChatBody.read(await self._read_body(request))
             method, upstream = split_model(body.model, set(self.methods), self.upstreams)
             label = method
             entry = self.runs.enter(body, method, upstream)

@@ -197,6 +197,8 @@ class ServedRuns:
         self._handing: list[Job] = []
         # Stores of ended runs being closed (a WAL checkpoint): after the reply, not before it.
         self._closing: set[asyncio.Task[None]] = set()
+        # Runs found ended with a reply no client has had: kept for the first request for each (said at start).
+        self.kept_replies: list[Path] = []
         serve_dir.mkdir(parents=True, exist_ok=True)
         self._scan()
 
@@ -212,6 +214,8 @@ class ServedRuns:
             kept = not finished or (run_dir / PENDING).is_file()
             if isinstance(request, dict) and isinstance(request.get("fingerprint"), str) and kept:
                 self.unfinished[request["fingerprint"]] = run_dir
+                if finished:
+                    self.kept_replies.append(run_dir)
 
     def enter(self, body: ChatBody, method: str, upstream: str) -> Job | Waiting:
         """The job answering ``body`` (the same request's active run, or its run started in a free slot), or its
@@ -220,14 +224,26 @@ class ServedRuns:
         job = self._joined(body, fingerprint)
         if job is not None:
             return job
+        stored = self._stored(body, fingerprint)
+        # Checked of a request given now: a stored request made before a check (the retry of its unfinished run, or
+        # of one whose reply no client has had) resumes as it was asked. A field refused since was never part of a
+        # request's fingerprint (it was ignored), so its run is the run of the same request without it.
+        if stored is None and body.refusal is not None:
+            raise body.refusal
         try:
-            # Checked of a request given now, not in _params: a stored request made before the check (the retry of
-            # its unfinished run, or of one whose reply no client has had) resumes as it was asked.
-            if fingerprint not in self.unfinished:
+            if stored is None:
                 check_given_params(method, body.tmas, lambda param: f"tmas.{param}", InputError)
         except InputError as exc:
             raise ApiError(400, str(exc), "invalid_value", "tmas") from None
-        params = self._params(method, body)
+        try:
+            # A stored reply is had from its store, without a call: the checks of a run to come (the cost cap, the
+            # folders a method reads, as the server is configured now) are not its.
+            params = self._params(method, body, checked=stored is None or not self._kept_reply(stored))
+        except ApiError as exc:
+            if stored is None:
+                raise
+            why = f"{exc.message}; its run {stored.name}, stored unfinished, cannot be resumed as this server is now"
+            raise ApiError(exc.status, f"{why} configured", exc.code, exc.param) from None
         turn = self.admission.enter()
         if turn is not None:
             return Waiting(body, method, upstream, params, fingerprint, turn)
@@ -340,7 +356,27 @@ class ServedRuns:
             jobs.append(job)
         return jobs
 
-    def _params(self, method: str, body: ChatBody) -> dict[str, Any]:
+    def _stored(self, body: ChatBody, fingerprint: str) -> Path | None:
+        """The stored run a request resumes or has the reply of (as :meth:`_own_key` finds it): its own, or, without a
+        seed, one of a twin's that no client has (a twin's run on its way to its client is not its)."""
+        if body.seed is not None:
+            return self.unfinished.get(fingerprint)
+        left = (
+            run_dir for key, run_dir in self.unfinished.items() if twin_of(key, fingerprint) and not self._taken(key)
+        )
+        return next(left, None)
+
+    def _kept_reply(self, run_dir: Path) -> bool:
+        """Whether the stored run in ``run_dir`` ended with its reply (a retry has it from the store, without a call);
+        an active run (its store perhaps still being made) has not ended."""
+        if any(job.run_dir == run_dir for job in self.active.values()) or not (run_dir / DB_NAME).is_file():
+            return False
+        with RunStore(run_dir, read_only=True) as store:
+            return any(result.status == "done" for result in store.results())
+
+    def _params(self, method: str, body: ChatBody, *, checked: bool = True) -> dict[str, Any]:
+        """The parameters ``body``'s run goes with; ``checked``: a run to come, refused (a 400) where it could not run
+        as the server is configured (for a stored reply, only the parameters)."""
         named = sorted(SERVER_PATHS.intersection(body.tmas))
         if named:
             # A folder on the server's disk is the server's to choose: a client naming one would have it read
@@ -348,6 +384,8 @@ class ServedRuns:
             message = f"tmas.{named[0]}: a folder on the server, set by its configuration, not by a request"
             raise ApiError(400, message, "invalid_value", "tmas")
         params = served_params(self.settings, method, body.tmas, embedded=self.embedded)
+        if not checked:
+            return params
         try:
             # Bad parameters, a run past the cost cap and a folder they name that cannot be read (MATTRL's pool) are
             # the client's error, found before anything runs.

@@ -152,6 +152,14 @@ async def serve(
         )
         # Where the results are: every request is a run directory there, resumable and viewable.
         log.info("each request's run is kept in %s ('tmas view %s' shows them)", options.serve_dir, options.serve_dir)
+        if runs.kept_replies:
+            # Said at every start while they wait: the same request sent again has its reply, without a call.
+            count = len(runs.kept_replies)
+            names = ", ".join(run_dir.name for run_dir in runs.kept_replies)
+            kept = (
+                f"{count} stored run{'s' if count > 1 else ''} keep{'' if count > 1 else 's'} a reply no client has had"
+            )
+            log.info("%s, for the same request sent again: %s", kept, names)
         if options.resume:
             for job in runs.resume_all():
                 log.info("resuming unfinished request %s", job.run_id)

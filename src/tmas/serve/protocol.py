@@ -13,7 +13,7 @@ import math
 from collections.abc import Callable
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, field_validator
 
 from tmas.agents.templates import render
 from tmas.llm.types import Usage
@@ -171,6 +171,9 @@ class ChatBody(BaseModel):
     verbosity: str | None = Field(default=None, min_length=1)
     # Method parameters (extra_body={"tmas": {...}}), validated by the method's own model.
     tmas: dict[str, Any] = Field(default_factory=dict)
+    # The 400 for a field the body asks that a method's reply cannot carry (REFUSED_FIELDS), held by :meth:`read`
+    # for the proxy to answer with unless the request's run is stored already (made before the field was refused).
+    _refusal: ApiError | None = PrivateAttr(default=None)
 
     @field_validator("stream", mode="before")
     @classmethod
@@ -182,8 +185,22 @@ class ChatBody(BaseModel):
         """Whether a stream ends with a usage chunk (``stream_options.include_usage``)."""
         return bool(self.stream_options and self.stream_options.include_usage)
 
+    @property
+    def refusal(self) -> ApiError | None:
+        """The 400 for the first field of the body that asks what a method's reply cannot carry; None if none."""
+        return self._refusal
+
     @classmethod
     def parse(cls, raw: bytes) -> ChatBody:
+        """The body; a 400 for a field it asks that a method's reply cannot carry, as for any other bad value."""
+        body = cls.read(raw)
+        if body.refusal is not None:
+            raise body.refusal
+        return body
+
+    @classmethod
+    def read(cls, raw: bytes) -> ChatBody:
+        """The body, its :attr:`refusal` held rather than raised (every other bad value is a 400 here)."""
         too_deep = ApiError(400, f"the request body nests deeper than {MAX_DEPTH} levels", "invalid_json")
         try:
             data = json.loads(raw, parse_constant=_not_a_number, parse_float=_finite)
@@ -195,9 +212,6 @@ class ChatBody(BaseModel):
             raise ApiError(400, "the request body must be a JSON object", "invalid_json")
         if nesting(data) > MAX_DEPTH:
             raise too_deep
-        refused = refused_field(data)
-        if refused is not None:
-            raise refused
         try:
             body = cls.model_validate(data)
         except ValidationError as exc:
@@ -211,6 +225,7 @@ class ChatBody(BaseModel):
             raise ApiError(
                 400, "only n=1 is supported (a method already samples many candidates)", "invalid_value", "n"
             )
+        body._refusal = refused_field(data)
         return body
 
     def stop_sequences(self) -> list[str]:
