@@ -732,3 +732,60 @@ def test_a_budget_flag_a_studys_own_budget_would_not_reach_is_refused_before_any
     ran = CliRunner().invoke(app, args[:-2])
     assert ran.exit_code == 0, ran.output
     assert sorted(p.name for p in Path("sw", "runs").iterdir()) == ["majority__k=4", "majority__k=4__budget_calls=2"]
+
+
+class _HeldModel(ScriptedModel):
+    """A scripted model whose calls wait for ``go``; ``reached`` is set at its first call."""
+
+    async def chat(self, role: str, messages: Any, **kwargs: Any) -> Any:
+        self.reached.set()
+        await self.go.wait()
+        return await super().chat(role, messages, **kwargs)
+
+
+async def test_a_second_sweep_in_a_directory_a_sweep_is_running_in_is_refused_and_its_record_kept(
+    tmp_path: Path,
+) -> None:
+    # Both rewrote sweep.json with their own grid, the last to write dropping the other's record (the first, writing
+    # as each of its points ended, dropped the second's, whose points had run all the same).
+    problems = write_problems(tmp_path / "p.jsonl")
+    settings = scripted_settings(concurrency=1)
+    first = SweepSpec(problems=problems, study=[Study(name="a", method="majority", params={"k": 1}, grid={})])
+    second = SweepSpec(problems=problems, study=[Study(name="b", method="majority", params={"k": 3}, grid={})])
+    out = tmp_path / "sw"
+    held = _HeldModel(SimScript(), settings)
+    held.reached, held.go = asyncio.Event(), asyncio.Event()
+    running = asyncio.create_task(run_sweep(first, settings, out, model=held))
+    await held.reached.wait()
+    other = ScriptedModel(SimScript(), settings)
+    with pytest.raises(InputError) as refused:
+        await run_sweep(second, settings, out, model=other)
+    message = str(refused.value)
+    assert message.startswith(f"{out}: tmas sweep (pid ") and "is running a sweep in this directory" in message
+    assert "\n" not in message and other.calls == []
+    held.go.set()
+    await running
+    assert list(json.loads((out / "sweep.json").read_text())["points"]) == ["majority__k=1"]
+    # Once it has ended, the second runs (its grid replaces the first's, as for a grid edited between two runs).
+    await run_sweep(second, settings, out, model=other)
+    assert list(json.loads((out / "sweep.json").read_text())["points"]) == ["majority__k=3"]
+
+
+def test_tmas_sweep_in_a_directory_a_sweep_is_running_in_is_refused_before_any_call(
+    sim: SimServer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from tmas.store.run_lock import RunLock
+
+    monkeypatch.chdir(tmp_path)
+    problems = write_problems(tmp_path / "p.jsonl")
+    args = ["sweep", "--out", "sw", "--problems", problems, "-m", "majority", "-p", "iterations=1", "--grid", "k=1,2"]
+    args += ["--base-url", sim.base_url, "--no-report"]
+    Path("sw").mkdir()
+    with RunLock(Path("sw"), doing="tmas sweep"):  # as a sweep running there holds it
+        result = CliRunner().invoke(app, args)
+    assert isinstance(result.exception, InputError), result.output
+    assert str(result.exception).startswith("sw: tmas sweep (pid ") and "\n" not in str(result.exception)
+    assert sim.requests == [] and not Path("sw", "sweep.json").exists()
+    # Let go, the same sweep runs.
+    ran = CliRunner().invoke(app, args)
+    assert ran.exit_code == 0, ran.output

@@ -10,6 +10,8 @@ param tables, each one point); its points are methods x variants x grid combinat
     DIR/runs/<point>/         a normal run directory (tmas run / report / export all work on it)
     DIR/report/               the combined report; DIR/report/<study>/ one per study with several points
 
+One sweep at a time runs in a directory (:func:`sweeping`): a second is refused, in one line, before any call.
+
 Resuming (run the same command again, or ``tmas sweep --resume DIR``): a point whose problems are all finished
 with the same method, params and budget, and without a failed call, is skipped without a call; any other is resumed
 from its store (a failed call asked again, :func:`tmas.runner.run_problems`).
@@ -25,7 +27,8 @@ import hashlib
 import itertools
 import json
 import re
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
@@ -53,6 +56,7 @@ from tmas.runner import (
     resume_settings,
     run_method,
 )
+from tmas.store.run_lock import LOCK_NAME, LockHeld, RunLock
 from tmas.store.run_store import RunStore
 
 MANIFEST = "sweep.json"
@@ -407,6 +411,37 @@ def _problems_digest(problems: list[Problem]) -> str:
     return hashlib.sha256(raw.encode()).hexdigest()[:16]
 
 
+@contextmanager
+def sweeping(out_dir: Path) -> Iterator[None]:
+    """Hold the sweep directory's lock while the block runs (made if missing): one sweep at a time writes a
+    directory's manifest and runs its points. Two at once would each rewrite ``sweep.json`` with its own grid, the last
+    to write silently dropping the other's record, and meet in the points they share. :class:`InputError` at once,
+    in one line, where another sweep holds it."""
+    if out_dir.exists() and not out_dir.is_dir():
+        raise InputError(f"{out_dir}: a file, not a directory: a sweep is kept in a directory (choose another)")
+    out_dir.mkdir(parents=True, exist_ok=True)
+    lock = RunLock(out_dir, doing="tmas sweep")
+    try:
+        lock.acquire()
+    except LockHeld as held:
+        who = held.doing or "another tmas process"
+        raise InputError(
+            f"{out_dir}: {who} (pid {held.pid}) is running a sweep in this directory; wait for it to end (then run"
+            " this one: a grid that differs replaces its grid, as said then), or give this one another directory"
+        ) from None
+    try:
+        yield
+    finally:
+        lock.release()
+
+
+def check_not_running(out_dir: Path) -> None:
+    """Refuse, before any call (an estimate's pilot), a sweep whose directory another sweep is running in."""
+    if (out_dir / LOCK_NAME).is_file():
+        with sweeping(out_dir):
+            pass
+
+
 def _write_manifest(out_dir: Path, data: dict[str, Any]) -> None:
     write_atomic(out_dir / MANIFEST, json.dumps(data, indent=2, sort_keys=True))  # never torn, whatever stops it
 
@@ -624,6 +659,20 @@ async def run_sweep(
     """Run every point of ``spec`` not finished yet into ``out_dir``, on the endpoint of ``settings`` or on ``model``
     (a :class:`tmas.llm.model.ChatModel` of the caller's own, for every point); see the module docstring.
     ``on_start`` hears of each point that runs as it begins, with the live state of its run."""
+    with sweeping(out_dir):
+        return await _run_held(spec, settings, out_dir, on_point, on_result, on_start, model)
+
+
+async def _run_held(
+    spec: SweepSpec,
+    settings: Settings,
+    out_dir: Path,
+    on_point: Callable[[PointOutcome], None] | None,
+    on_result: Callable[[ProblemResult], None] | None,
+    on_start: Callable[[SweepPoint, RunState], None] | None,
+    model: ChatModel | None,
+) -> SweepSummary:
+    """:func:`run_sweep` with the sweep directory's lock held."""
     points, problems, manifest = prepare_sweep(spec, settings, out_dir, own_model=model is not None)
     dataset = dataset_name(spec.problems or "")
     outcomes: list[PointOutcome] = []

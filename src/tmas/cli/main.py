@@ -708,6 +708,7 @@ def sweep(
     from tmas.planning.estimate import replay_credit, stored_over_points
     from tmas.runner import RunState, StoreFailed, Unreachable
     from tmas.sweep import (
+        check_not_running,
         check_sweep_dir,
         expand,
         grid_changes,
@@ -729,6 +730,8 @@ def sweep(
     unapplied = not_applied(points)
     if unapplied is not None:
         typer.echo(f"tmas sweep: {unapplied}", err=True)
+    # Before it says how its grid differs from the one in the directory: another sweep may be running that grid.
+    check_not_running(out)
     added, left = grid_changes(out, points)
     if left:
         # Said before any call: the runs of the points left out stay on disk, and out of the report.
