@@ -47,8 +47,33 @@ def role_max_tokens(settings: Settings, method: Method[Any], role: str) -> int |
 
 
 @dataclass
+class PilotSpend:
+    """What one configuration's pilot spent per problem, every stored call counted (as a run's spend is:
+    ``tmas.reports.metrics.spent_through``), and what it leaves out of a whole run: the calls its cut structure
+    states per problem (:meth:`Method.calls_per_problem` at the pilot's iterations), and how many of its problems
+    ran to its last iteration (the others stopped before it, and a whole run stops them there too)."""
+
+    problems: int
+    completion_tokens: float
+    prompt_tokens: float
+    calls: dict[str, int]
+    at_cap: int
+
+    def per_problem(self, whole: Mapping[str, int], per_call: Mapping[str, float], prompt: bool = False) -> float:
+        """The tokens one problem of a whole run whose structure states ``whole`` calls spends: the pilot's mean,
+        and for the share of problems that ran to the pilot's last iteration, the calls the pilot cut off at
+        ``per_call`` each."""
+        spent = self.prompt_tokens if prompt else self.completion_tokens
+        if not self.problems:
+            return 0.0
+        more = max(0.0, calls_tokens(whole, per_call) - calls_tokens(self.calls, per_call))
+        return spent / self.problems + more * self.at_cap / self.problems
+
+
+@dataclass
 class TokenRates:
-    """Mean tokens per call, by role where a pilot measured them; ``default`` for roles it did not see."""
+    """Mean tokens per call, by role where a pilot measured them; ``default`` for roles it did not see; ``pilots``:
+    what each configuration's pilot spent per problem, by its name."""
 
     completion: dict[str, float] = field(default_factory=dict)
     prompt: dict[str, float] = field(default_factory=dict)
@@ -58,6 +83,7 @@ class TokenRates:
     source: str = "given"
     # Completion tokens per second over the pilot (all its calls in flight together), when measured.
     throughput: float | None = None
+    pilots: dict[str, PilotSpend] = field(default_factory=dict)
 
     def completion_of(self, role: str) -> float | None:
         return self.completion.get(role, self.default_completion)
@@ -176,8 +202,20 @@ def estimate_point(
         if all(v is not None for v in ceilings.values()):
             per_call = {role: float(v or 0) for role, v in ceilings.items()}
             point.basis = "max_tokens"
+    pilot = rates.pilots.get(name) if rates is not None and not ceiling else None
+    if pilot is not None and per_call is not None and rates is not None:
+        # A method that stops early (MATTRL's converged deliberation, an early stop, a decided vote) sends fewer
+        # calls than its structure states: the pilot's problems spent what they spent, and only those that ran to
+        # its last iteration go on to the calls it cut off.
+        prompt_rates = {role: rates.prompt_of(role) for role in count.most}
+        point.prompt_tokens = problems * pilot.per_problem(count.expected, prompt_rates, prompt=True)
     if per_call is not None:
-        per_problem = count.ceiling(per_call) if ceiling else calls_tokens(count.expected, per_call) * count.share()
+        if ceiling:
+            per_problem = count.ceiling(per_call)
+        elif pilot is not None:
+            per_problem = pilot.per_problem(count.expected, per_call)
+        else:
+            per_problem = calls_tokens(count.expected, per_call) * count.share()
         # The structure's, whatever the budget.
         whole = problems * per_problem
         cut = False

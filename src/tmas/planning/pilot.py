@@ -10,10 +10,12 @@ run in process is loaded once for them all.
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 from tmas.config import Settings
 from tmas.llm.model import ChatModel
-from tmas.planning.estimate import TokenRates, rates_from_role_costs
+from tmas.methods.base import Method
+from tmas.planning.estimate import PilotSpend, TokenRates, calls_per_problem, rates_from_role_costs
 from tmas.problems import Problem
 from tmas.runner import RunState, SeriesModel, holds_run, prepare_run, run_method
 from tmas.store.run_store import RunStore
@@ -54,8 +56,26 @@ async def run_pilot(
             )
             with store:
                 wall += (await series.run(pilot, todo, store, state=RunState())).wall_s
-    for name, _ in configs:
+    spends = {}
+    for name, settings in configs:
         with RunStore(pilot_dir / name, create=False) as store:
             costs.append(store.role_costs())
+            spends[name] = pilot_spend(store, run_method(pilot_settings(settings, own_model=series.own)))
     # A resumed pilot replays stored calls at no cost: its wall time says nothing about the endpoint's speed.
-    return rates_from_role_costs(costs, None if resumed else wall)
+    rates = rates_from_role_costs(costs, None if resumed else wall)
+    rates.pilots = spends
+    return rates
+
+
+def pilot_spend(store: RunStore, method: Method[Any]) -> PilotSpend:
+    """What the pilot in ``store``, run under ``method`` (its iterations cut), spent per problem: every stored call,
+    as a run's spend counts them, and which of its problems ran to its last iteration."""
+    spent = store.spent_by_iteration()
+    last = method.params.iterations - 1
+    return PilotSpend(
+        problems=store.problem_count(),
+        completion_tokens=sum(s.usage.completion_tokens for by in spent.values() for s in by.values()),
+        prompt_tokens=sum(s.usage.prompt_tokens for by in spent.values() for s in by.values()),
+        calls=calls_per_problem(method).expected,
+        at_cap=sum(1 for by in spent.values() if max((i for i in by if i is not None), default=-1) >= last),
+    )
