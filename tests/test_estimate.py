@@ -303,7 +303,10 @@ def test_a_resume_is_gated_on_what_it_has_still_to_send() -> None:
     assert (estimate.calls_to_send, estimate.tokens_to_send) == (50, 5000.0)
     assert estimate.over(50, None) is None and estimate.over(5, None) == "50 calls (threshold 5)"
     assert estimate.over(None, 5000) is None and estimate.over(None, 500) == "5.0k completion tokens (threshold 500)"
-    assert brief_estimate(estimate) == "up to 50 calls to send (30 stored, replayed), <=5.0k completion tokens"
+    assert brief_estimate(estimate) == (
+        "up to 50 calls to send (30 stored, replayed), <=5.0k completion tokens (an attempt cut part way and"
+        " retried adds what it had generated)"
+    )
     assert "stored: 30 answered calls, replayed rather than sent; at most 50 still to send" in format_estimate(estimate)
 
 
@@ -360,7 +363,10 @@ async def test_the_brief_estimate_of_an_exact_count_holds_replies_asked_again(si
     estimate = Estimate([estimate_point("cot", create_method("cot", {}), settings, 1, None)])
     assert (estimate.upper_calls, estimate.most_calls) == (1, 2)
     # The one line the command prints before it starts says the most the run sends, calls and tokens.
-    assert brief_estimate(estimate) == "1 call (2 at most, with replies asked again), <=512 completion tokens"
+    assert brief_estimate(estimate) == (
+        "1 call (2 at most, with replies asked again), <=512 completion tokens (an attempt cut part way and"
+        " retried adds what it had generated)"
+    )
 
 
 def test_the_whole_estimate_says_the_most_with_replies_asked_again() -> None:

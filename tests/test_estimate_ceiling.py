@@ -455,5 +455,8 @@ async def test_the_token_ceiling_says_that_attempts_cut_and_retried_cost_beside_
         spent = store.role_costs()["solution"]
     assert len(sim.chat_bodies("solution")) == 3 and spent["calls"] == 1
     assert spent["completion_tokens"] > 512
-    table = format_estimate(Estimate([point]))
-    assert "an attempt cut part way and retried adds what it had generated" in table
+    # The whole estimate and its one line both say so, in the same words.
+    said = "an attempt cut part way and retried adds what it had generated"
+    assert said in format_estimate(Estimate([point]))
+    brief = f"1 call (2 at most, with replies asked again), <=512 completion tokens ({said})"
+    assert brief_estimate(Estimate([point])) == brief

@@ -137,7 +137,10 @@ def test_a_new_method_goes_through_every_command(redraw: str, sim: SimServer, tm
     # The estimate is the method's own count: 2 problems x 2 iterations, each call at most max_tokens (2048).
     out = invoke("eval", str(problems), "-o", str(tmp_path / "eval"), *url, "--grade", "rules")
     # It states no replies asked again: the line says they come on top.
-    said = "tmas: estimate: 4 calls, <=8.2k completion tokens, plus any reply asked again the method does not count"
+    said = (
+        "tmas: estimate: 4 calls, <=8.2k completion tokens (an attempt cut part way and retried adds what it had"
+        " generated), plus any reply asked again the method does not count"
+    )
     assert f"{said} (one call more each)\n" in out.stderr
     markdown = (tmp_path / "eval" / "report" / "report.md").read_text()
     assert "| redraw |" in markdown and "100.00" in markdown

@@ -140,7 +140,10 @@ def test_build_shows_its_estimate_and_refuses_over_the_threshold_before_any_call
 
         done = tmas(*base, "--confirm-calls", "50", "--yes")
         assert done.returncode == 0, done.stderr.decode()
-        said = "tmas: estimate: 14 to 51 calls, <=51k completion tokens; not counted: the embedding"
+        said = (
+            "tmas: estimate: 14 to 51 calls, <=51k completion tokens (an attempt cut part way and retried adds what"
+            " it had generated); not counted: the embedding"
+        )
         assert said in done.stderr.decode()
         # As estimated with every reply usable: 12 judge calls and a summary of each of the 2 kept turns.
         roles = [r.role for r in sim.requests if r.endpoint == "chat"]

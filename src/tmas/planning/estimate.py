@@ -441,6 +441,12 @@ class Estimate:
         }
 
 
+# What a token ceiling at max_tokens leaves out, said in the whole estimate and in its one line: a call is charged what
+# its attempts cut part way had generated too (docs/sampling_and_budgets.md, "What a call costs"), up to max_tokens
+# each, which no count of calls bounds.
+RETRIED_ATTEMPTS = "an attempt cut part way and retried adds what it had generated"
+
+
 def calls_said(count: int, noun: str = "call") -> str:
     """``count`` with ``noun``, in the plural but for one: "1 call", "2 calls", "1,000 answered calls"."""
     return f"{count:,} {noun}{'' if count == 1 else 's'}"
@@ -475,6 +481,8 @@ def brief_estimate(estimate: Estimate) -> str:
     if tokens is not None:
         ceiling = any(p.basis == "max_tokens" for p in estimate.points)
         shown += f", {'<=' if ceiling else '~'}{_tokens(tokens)} completion tokens"
+        if ceiling:
+            shown += f" ({RETRIED_ATTEMPTS})"
     if _unstated_again(estimate):
         shown += ", plus any reply asked again the method does not count (one call more each)"
     for what in estimate.left_out:
@@ -550,10 +558,7 @@ def format_estimate(estimate: Estimate) -> str:
         how = {
             "pilot": "mean per call measured by the pilot",
             "given": "the given tokens per call",
-            # A call is charged what its attempts cut part way had generated too (docs/sampling_and_budgets.md,
-            # "What a call costs"): up to max_tokens each, which no count of calls bounds.
-            "max_tokens": "every call, replies asked again included, at max_tokens: a ceiling; an attempt cut part"
-            " way and retried adds what it had generated",
+            "max_tokens": f"every call, replies asked again included, at max_tokens: a ceiling; {RETRIED_ATTEMPTS}",
         }
         fewest = estimate.fewest_completion_tokens
         shown = _tokens(total) if fewest is None or fewest >= total else f"{_tokens(fewest)} to {_tokens(total)}"
