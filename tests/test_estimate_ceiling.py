@@ -460,3 +460,42 @@ async def test_the_token_ceiling_says_that_attempts_cut_and_retried_cost_beside_
     assert said in format_estimate(Estimate([point]))
     brief = f"1 call (2 at most, with replies asked again), <=512 completion tokens ({said})"
     assert brief_estimate(Estimate([point])) == brief
+
+
+async def test_a_resume_under_a_token_budget_takes_off_what_its_failed_calls_spent(
+    sim: SimServer, tmp_path: Path
+) -> None:
+    # Majority k = 16 at 100 tokens a call, under a budget of 300 completion tokens: a problem spends at most 400.
+    # Its first two samples are cut part way, not retried: they fail, having generated tokens, and a resume counts
+    # those against the budget from the start (as the run's spend counts every stored call). None of its answered
+    # calls is a sure replay (each comes after a failed one), so the estimate is 400 less what the failed calls spent.
+    settings = settings_for(
+        sim,
+        method={"name": "majority", "params": {"k": 16}},
+        sampling={"max_tokens": 100},
+        budget={"tokens": 300},
+        retry={"max_attempts": 1},
+    )
+    cut = Rule(fault="cut", fault_after_tokens=20, times=2)
+    sim.set_script(SimScript(rules=[cut, Rule(usage=ScriptedUsage(prompt_tokens=5, completion_tokens=10))]))
+    store, settings, todo = prepare_run(tmp_path / "run", settings, PROBLEM, resume=False)
+    with store:
+        await run_problems(settings, todo, store)
+        failed = store.failed_spend(PROBLEM[0].problem_id)
+        assert failed.calls == 2 and store.sure_replays() == {}
+    # Each generated 17 tokens before it was cut (the simulator's chunks fall so): 400 - 34 = 366 are left.
+    assert failed.usage.completion_tokens == 34
+    left = 366
+    sim.reset()
+    sim.set_script(SimScript(rules=[Rule(usage=ScriptedUsage(prompt_tokens=5, completion_tokens=10))]))
+    with pytest.raises(InputError, match=rf"the estimate is {left} completion tokens \(threshold {left - 1}\)"):
+        await aresume(tmp_path / "run", max_completion_tokens=left - 1)
+    refused = run_tmas("run", "--resume", str(tmp_path / "run"), "--confirm-tokens", str(left - 1), text=True)
+    assert refused.returncode == 2
+    assert f"the estimate is {left} completion tokens (threshold {left - 1})" in refused.stderr.splitlines()[-1]
+    assert sim.chat_bodies() == []
+    await aresume(tmp_path / "run", max_completion_tokens=left)
+    # The two failed samples asked again at 10 tokens each: within what the estimate said was left.
+    with RunStore(tmp_path / "run", create=False) as store:
+        assert store.results()[0].status == "done"
+    assert len(sim.chat_bodies()) == 2

@@ -449,13 +449,19 @@ class RunSetup:
         return {pid: n for pid, n in store.sure_replays().items() if pid not in settled}
 
     def replayed_tokens(self, store: RunStore, settled: Collection[str]) -> dict[str, int]:
-        """The completion tokens of the calls :meth:`replays` counts, by problem: what they spend of a problem's
-        completion-token budget as they are replayed, and so what a resume's estimate under one takes off each
-        problem's share (:func:`tmas.planning.estimate.stored_ceiling`); none where it asks other requests."""
+        """What a problem's completion-token budget has spent, by problem, once a resume under this setup has replayed
+        the calls :meth:`replays` counts: their completion tokens, and those of its calls that failed, which a resume
+        counts against the budget from the start (``ProblemSession._spent_before``), whatever the requests; what a
+        resume's estimate under one takes off each problem's share (:func:`tmas.planning.estimate.stored_ceiling`).
+        The ``settled`` problems' left out."""
+        spent = {pid: completion for pid, (_, _, completion) in store.sure_replay_usage().items()}
         if self.changed_requests(store):
-            return {}
-        usage = store.sure_replay_usage()
-        return {pid: completion for pid, (_, _, completion) in usage.items() if pid not in settled}
+            spent = {}
+        for pid in store.called_problems():
+            failed = store.failed_spend(pid).usage.completion_tokens
+            if failed:
+                spent[pid] = spent.get(pid, 0) + failed
+        return {pid: n for pid, n in spent.items() if pid not in settled}
 
     def pooled_left(self, store: RunStore, settled: Collection[str]) -> int:
         """What a pooled token budget's bank holds when a resume under this setup starts (:func:`pooled_left`): the

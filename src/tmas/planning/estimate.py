@@ -261,8 +261,9 @@ def stored_ceiling(
     """The fewest completion tokens ``calls`` stored calls of ``point`` come to at their roles' max_tokens, where
     ``answered`` holds the store's answered calls by role (a superset of those replayed): what a resume's ceiling
     takes them off at (``Estimate.stored_tokens``). Where a completion-token budget cuts the ceiling, what the
-    replayed calls ``spent`` of it instead, by problem (:meth:`tmas.runner.RunSetup.replayed_tokens`): a problem
-    spends no more than its cap, replays included, so what is left of it bounds what it sends. None where the
+    replayed calls and its failed ones ``spent`` of it instead, by problem
+    (:meth:`tmas.runner.RunSetup.replayed_tokens`): a problem spends no more than its cap, replays and failed calls
+    included, so what is left of it bounds what it sends. None where the
     point's tokens are a mean (or ``spent`` is not given for a cut one): the calls' share is taken off then."""
     if point.ceilings:
         return fewest_tokens(calls, answered, point.ceilings)
@@ -284,7 +285,9 @@ def stored_over_points(
     ones, and a point stopped after its cheap calls would have its dear ones taken off by their share."""
     taken = 0.0
     for point, calls, answered, spent in held:
-        if not calls or not point.most_calls:
+        # A problem's failed calls spend its token budget though none is replayed (:func:`stored_ceiling`).
+        budgeted = point.problem_cap is not None and bool(spent)
+        if not (calls or budgeted) or not point.most_calls:
             continue
         if point.completion_tokens is None:
             return None
@@ -348,10 +351,13 @@ class Estimate:
         """Completion tokens of the calls still to send (the estimate's less ``stored_tokens`` where known, else their
         share of the whole estimate's), None where unknown."""
         tokens = self.completion_tokens
-        if tokens is None or not self.stored_calls or not self.most_calls:
-            return tokens
+        if tokens is None:
+            return None
         if self.stored_tokens is not None:
+            # Under a token budget, a problem's failed calls have spent some of it with no call replayed.
             return max(0.0, tokens - self.stored_tokens)
+        if not self.stored_calls or not self.most_calls:
+            return tokens
         return tokens * self.calls_to_send / self.most_calls
 
     @property
