@@ -9,14 +9,14 @@ from typing import Any
 
 import pytest
 
-from conftest import scripted_settings
+from conftest import run_tmas, scripted_settings
 from scripted_runs import scripted_run
 from tmas.methods import METHODS, create_method
 from tmas.planning.estimate import estimate_point
 from tmas.planning.pilot import run_pilot
 from tmas.problems import Problem
 from tmas.store.run_store import RunStore
-from tmas.testing import ScriptedModel, SimScript
+from tmas.testing import ScriptedModel, SimScript, SimServer
 
 PROBLEMS = [Problem(problem_id=f"p{i}", question=f"What is {i + 3}*7?", answer=str((i + 3) * 7)) for i in range(4)]
 
@@ -73,3 +73,23 @@ async def test_mattrl_counts_the_rounds_its_pilot_saw_deliberation_stop_after(tm
     expected, _, spent, pilot_calls = await _pilot_and_run("mattrl", {"team_size": 3, "iterations": 3}, tmp_path)
     assert pilot_calls == 4 * 11
     assert expected == spent == 4 * 732
+
+
+def test_a_dry_run_with_a_pilot_says_mattrl_spends_what_its_pilot_problems_spent(
+    sim: SimServer, tmp_path: Path
+) -> None:
+    # Ten problems, the pilot on two: each converges after its first round, 732 completion tokens (as above), so
+    # 7,320 in all; counted at the structure's 29 calls a problem it said 19k. The fewest: recruit, one opinion and
+    # the decision a problem at the pilot's means, 10 x (2 x 79.5 + 35) = 1,940.
+    problems = tmp_path / "p.jsonl"
+    problems.write_text(
+        "".join(
+            f'{{"problem_id": "q{i}", "question": "What is {i + 3}*7?", "answer": "{(i + 3) * 7}"}}\n'
+            for i in range(10)
+        )
+    )
+    base = ["run", str(problems), "--out", str(tmp_path / "run"), "--base-url", sim.base_url, "--method", "mattrl"]
+    out = run_tmas(*base, "--dry-run", "--pilot", "2", text=True)
+    assert out.returncode == 0, out.stderr
+    said = "what its problems spent, and the calls it cut off at its mean per call, measured by the pilot"
+    assert f"  completion tokens: 1.9k to 7.3k ({said})" in out.stderr

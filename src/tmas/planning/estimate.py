@@ -561,8 +561,13 @@ def format_estimate(estimate: Estimate) -> str:
         give = "give --tokens-per-call, --pilot N, or " if estimate.measurable else ""
         lines.append(f"  tokens: unknown ({give}set max_tokens for a ceiling)")
     else:
+        # A pilot's own runs (tmas.planning.pilot) measure what a problem spends, not only the tokens per call.
+        spent = estimate.rates is not None and any(p.name in estimate.rates.pilots for p in estimate.points)
+        measured = (
+            "what its problems spent, and the calls it cut off at its mean per call," if spent else "mean per call"
+        )
         how = {
-            "pilot": "mean per call measured by the pilot",
+            "pilot": f"{measured} measured by the pilot",
             "given": "the given tokens per call",
             "max_tokens": f"every call, replies asked again included, at max_tokens: a ceiling; {RETRIED_ATTEMPTS}",
         }
