@@ -407,8 +407,10 @@ async def test_a_server_that_refuses_n_falls_back_to_one_request_per_sample_reco
         rows = list(store.calls())
     bodies = sim.chat_bodies("solution")
     assert [b.get("n") for b in bodies] == [5] + [None] * 10  # refused once, then never asked again
-    assert list(fallbacks) == [sim.base_url] and list(summary.downgrades.get("batch_samples", {})) == [sim.base_url]
-    assert fallbacks[sim.base_url]["role"] == "solution" and "n_cmpl" in fallbacks[sim.base_url]["message"]
+    where = [f"{sim.base_url} (model sim-model)"]
+    assert list(fallbacks) == [sim.base_url] and list(summary.downgrades.get("batch_samples", {})) == where
+    [first] = fallbacks[sim.base_url].values()
+    assert first["role"] == "solution" and first["model"] == "sim-model" and "n_cmpl" in first["message"]
     assert sorted((c.key.iteration, c.key.sample) for c in rows) == [(t, i) for t in range(2) for i in range(5)]
     assert all(c.ok for c in rows) and summary.calls == 10
 

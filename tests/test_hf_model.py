@@ -747,7 +747,8 @@ async def test_a_model_opened_once_records_in_each_run_it_serves(engine: HFEngin
                     key = CallKey(role=role, sample=sample)
                     await llm.chat(role, VERIFY, key=key, reply_model=reply_model)
                     assert engine.submitted[-1].samples[0].schema is None
-            [(endpoint, first)] = store.downgrades("structured_output").items()
+            [(endpoint, models)] = store.downgrades("structured_output").items()
+            first = models[""]  # the in-process model serves one model of its own: the record names none
             assert (endpoint, first["role"], first["message"]) == ("in-process", "verifier", THINKS_INLINE)
     # Outside any run, a schema not followed is recorded nowhere (the stores were left).
     await thinking.chat("verifier", VERIFY, sampling=Sampling(max_tokens=2), reply_model=reply_model)
@@ -781,7 +782,8 @@ async def test_an_engine_following_no_schema_is_recorded_in_the_run_once(
             for sample, role in enumerate(["verifier", "verifier", "reviewer"]):
                 done = await llm.chat(role, VERIFY, key=CallKey(role=role, sample=sample), reply_model=reply_model)
                 assert done.ok, done.error
-        [(endpoint, first)] = store.downgrades("structured_output").items()
+        [(endpoint, models)] = store.downgrades("structured_output").items()
+        first = models[""]
     assert endpoint == "in-process" and first["role"] == "verifier"
     assert first["message"] == f"the in-process engine follows no schema: {why}; its calls went on as plain text"
 

@@ -515,7 +515,7 @@ async def test_identical_long_choices_at_a_temperature_above_zero_go_one_request
         bodies = sim.chat_bodies()
     assert all(c.ok for c in done + again)
     assert [b.get("n") for b in bodies] == [3, None, None, None, None]
-    assert "identical choices" in stats.downgrades["batch_samples"][sim.base_url]
+    assert "identical choices" in stats.downgrades["batch_samples"][sim.base_url]["sim-model"]
     # The work the server did on the dropped choices is still counted.
     served = sim.stats()
     assert sum(c.usage.completion_tokens for c in done + again) == served.completion_tokens

@@ -241,7 +241,9 @@ async def test_logprobs_are_assembled_from_the_deltas(sim: SimServer) -> None:
 
 
 # ------------------------------------------------------------------------------------------------ auto fallback
-async def _twice(sim: SimServer, mode: str, store: RunStore | None) -> tuple[Completion, Completion, dict[str, str]]:
+async def _twice(
+    sim: SimServer, mode: str, store: RunStore | None
+) -> tuple[Completion, Completion, dict[str, dict[str, str]]]:
     stats = ClientStats()
     async with open_model(settings_for(sim, endpoint__stream=mode), store, stats=stats) as llm:
         first = await llm.chat("solution", QUESTION)
@@ -257,12 +259,12 @@ async def test_auto_falls_back_once_on_a_server_that_refuses_to_stream(sim: SimS
         # Refused once, the same call again at once unstreamed, and none streamed to that server again.
         assert [b.get("stream", False) for b in sim.chat_bodies()] == [True, False, False]
         assert first.retry_causes == ["stream"] and first.attempts == 1 and second.retry_causes == []
-        assert list(fallbacks) == [sim.base_url] and "stream" in fallbacks[sim.base_url]
+        assert list(fallbacks) == [sim.base_url] and "stream" in fallbacks[sim.base_url]["sim-model"]
         recorded = store.downgrades("stream")
-        assert list(recorded) == [sim.base_url] and recorded[sim.base_url]["role"] == "solution"
-        # A resumed run finds the refusal again, but the record stays one per endpoint.
+        assert list(recorded) == [sim.base_url] and recorded[sim.base_url]["sim-model"]["role"] == "solution"
+        # A resumed run finds the refusal again, but the record stays one per endpoint and model.
         await _twice(sim, "auto", store)
-        assert len(store.downgrades("stream")) == 1
+        assert [list(models) for models in store.downgrades("stream").values()] == [["sim-model"]]
 
 
 async def test_auto_uses_the_whole_reply_of_a_server_that_ignores_stream(sim: SimServer, tmp_path: Path) -> None:

@@ -357,7 +357,7 @@ async def test_auto_sends_a_schema_only_where_it_cannot_forbid_thinking(
             reply = await llm.chat("verifier", [user(text)], reply_model=VerificationReply)
             assert reply.ok
     assert ["response_format" in r.body for r in sim.requests] == schemas
-    message = stats.downgrades.get("structured_output", {}).get(sim.base_url, "")
+    message = stats.downgrades.get("structured_output", {}).get(sim.base_url, {}).get("sim-model", "")
     assert ("thinks inside its reply" in message) == recorded
 
 
@@ -428,8 +428,8 @@ async def test_auto_falls_back_once_per_endpoint_and_records_it(sim: SimServer, 
         assert list(fallbacks) == [sim.base_url]
         recorded = store.downgrades("structured_output")
         assert list(recorded) == [sim.base_url]
-        assert recorded[sim.base_url]["role"] == "verifier"
-        assert "response_format" in recorded[sim.base_url]["message"]
+        assert recorded[sim.base_url]["sim-model"]["role"] == "verifier"
+        assert "response_format" in recorded[sim.base_url]["sim-model"]["message"]
         assert [c.error for c in store.calls()] == [None, None, None]
 
 
@@ -450,11 +450,11 @@ async def test_vllm_refusing_a_schema_in_its_stream_falls_back_as_an_http_refusa
     assert ["response_format" in b for b in bodies] == [True, False, False]
     # The same request, less its schema.
     assert {k: v for k, v in bodies[0].items() if k != "response_format"} == bodies[1]
-    assert "not supported by xgrammar" in stats.downgrades["structured_output"][sim.base_url]
+    assert "not supported by xgrammar" in stats.downgrades["structured_output"][sim.base_url]["sim-model"]
 
 
 async def test_a_second_client_records_the_endpoint_once(sim: SimServer, tmp_path: Path) -> None:
-    """A resumed run finds the refusal again (one extra request) but the record stays one per endpoint."""
+    """A resumed run finds the refusal again (one extra request) but the record stays one per endpoint and model."""
     sim.set_script(REFUSING)
     with RunStore(tmp_path) as store:
         await _verify_twice("auto", sim, store)
@@ -462,7 +462,7 @@ async def test_a_second_client_records_the_endpoint_once(sim: SimServer, tmp_pat
         async with open_model(settings, store) as llm:
             reply = await llm.chat("verifier", [user("Grade C.")], reply_model=VerificationReply)
         assert reply.ok
-        assert len(store.downgrades("structured_output")) == 1
+        assert [list(models) for models in store.downgrades("structured_output").values()] == [["sim-model"]]
 
 
 async def test_json_schema_mode_fails_the_call_with_a_clear_error(sim: SimServer, tmp_path: Path) -> None:

@@ -63,8 +63,9 @@ class ClientStats:
     in_flight: int = 0
     embedding_calls: int = 0
     usage: Usage = field(default_factory=Usage)
-    # Kind (tmas.llm.types.DOWNGRADES) -> replica URL -> the server's refusal, for what the run went on without.
-    downgrades: dict[str, dict[str, str]] = field(default_factory=dict)
+    # Kind (tmas.llm.types.DOWNGRADES) -> replica URL -> model -> the server's refusal, for what the run went on
+    # without (one URL may serve several models, each refusing its own fields).
+    downgrades: dict[str, dict[str, dict[str, str]]] = field(default_factory=dict)
 
     def count(self, completion: Completion) -> None:
         """A call answered over the wire (failed or not), or cancelled once its server generated for it."""

@@ -2,7 +2,8 @@
 
 One record per replica (:class:`tmas.llm.replica.Replica`) holds it: a ``response_format`` it refused, streaming,
 ``n`` > 1, sampling fields it refused or names otherwise, its context window, and where its replies put reasoning.
-Each adaptation is recorded once per endpoint in the run (:data:`tmas.llm.types.DOWNGRADES`), with what the server said.
+Each adaptation is recorded once per endpoint and model in the run (:data:`tmas.llm.types.DOWNGRADES`), with what the
+server said.
 
 **Structured outputs never forbid thinking.** A ``json_schema`` grammar constrains a reply from its first token
 unless the server separates reasoning (vLLM and SGLang apply the grammar after the reasoning only when started with a
@@ -69,7 +70,9 @@ class DowngradeLog(Protocol):
     """Where the client records what an endpoint refused and the run went on without (:data:`DOWNGRADES`), and what
     each server said of itself when probed (implemented by the run store)."""
 
-    def record_downgrade(self, kind: DowngradeKind, endpoint: str, role: str, message: str) -> None: ...
+    def record_downgrade(
+        self, kind: DowngradeKind, endpoint: str, role: str, message: str, model: str | None = None
+    ) -> None: ...
 
     def record_server(self, findings: ServerFindings) -> None: ...
 
@@ -268,7 +271,7 @@ class Refusals:
                 self.stream_refused(replica, key.role, str(failure))
             else:
                 replica.structured_refused = True
-                self.downgraded("structured_output", replica.url, key.role, str(failure))
+                self.downgraded("structured_output", replica, key.role, str(failure))
             return True
         if failure.refused_field is not None and failure.refused_field[0] in sent:
             # A sampling field this model refuses (OpenAI's reasoning models: max_tokens under another name,
@@ -277,13 +280,13 @@ class Refusals:
             # learnt the same refusal just goes again: the field is no longer in its body.)
             name, replacement = failure.refused_field
             replica.renamed[name] = replacement
-            self.downgraded("sampling", replica.url, key.role, str(failure))
+            self.downgraded("sampling", replica, key.role, str(failure))
             return True
         return False
 
     def stream_refused(self, replica: Replica, role: str, message: str) -> None:
         replica.stream_refused = True
-        self.downgraded("stream", replica.url, role, message)
+        self.downgraded("stream", replica, role, message)
 
     def saw_reasoning(self, replica: Replica, role: str, place: Reasoning | None) -> None:
         """A reply showed where this replica's replies put reasoning (None: it showed nothing, being cut before its
@@ -296,7 +299,7 @@ class Refusals:
                 "the model thinks inside its reply (the server runs no reasoning parser): a grammar from the first "
                 "token would forbid its thinking, so its calls go without response_format"
             )
-            self.downgraded("structured_output", replica.url, role, message)
+            self.downgraded("structured_output", replica, role, message)
         elif place == "separate" and replica.reasoning != "separate":
             replica.reasoning = "separate"
         elif replica.reasoning is None:
@@ -307,14 +310,17 @@ class Refusals:
         if self.log is not None:
             self.log.record_server(replica.findings(serves_samples([replica.server_kind])))
 
-    def downgraded(self, kind: DowngradeKind, url: str, role: str, message: str) -> None:
-        """Record, once per endpoint and kind, what the run goes on without (tmas.llm.types.DOWNGRADES)."""
-        seen = self.stats.downgrades.setdefault(kind, {})
-        if url in seen:
+    def downgraded(self, kind: DowngradeKind, replica: Replica, role: str, message: str) -> None:
+        """Record, once per endpoint, model and kind, what the run goes on without (tmas.llm.types.DOWNGRADES): a
+        server that serves several models (a router, a hosted API) may refuse a field for one and take it for
+        another, and the adaptation holds for the refusing model's replica alone."""
+        model = replica.model or ""
+        seen = self.stats.downgrades.setdefault(kind, {}).setdefault(replica.url, {})
+        if model in seen:
             return
-        seen[url] = message
+        seen[model] = message
         if self.log is not None:
-            self.log.record_downgrade(kind, url, role, message)
+            self.log.record_downgrade(kind, replica.url, role, message, replica.model)
 
     # ------------------------------------------------------------------------------------------ n
     def batches(self, route: Route) -> bool | None:
@@ -373,7 +379,8 @@ class Refusals:
     def _samples_refused(self, route: Route, url: str, role: str, message: str) -> None:
         for replica in route.replicas:
             replica.samples_refused = True
-        self.downgraded("batch_samples", url, role, message)
+        refusing = next((r for r in route.replicas if r.url == url), route.replicas[0])
+        self.downgraded("batch_samples", refusing, role, message)
 
     @staticmethod
     def poll_due(replica: Replica) -> bool:

@@ -11,6 +11,12 @@ from tmas.llm.types import DOWNGRADES, DowngradeKind, ServerFindings
 from tmas.store.database import read_meta, write_meta
 
 
+def downgrade_where(url: str, model: str | None) -> str:
+    """Where a downgrade was made, in words: the endpoint URL and the model it refused (the URL alone where the record
+    names none: an endpoint serving one model of its own, or a record of an earlier version)."""
+    return f"{url} (model {model})" if model else url
+
+
 class RunMeta:
     def __init__(self, db: sqlite3.Connection) -> None:
         self._db = db
@@ -21,26 +27,42 @@ class RunMeta:
     def get(self, key: str) -> Any:
         return read_meta(self._db, key)
 
-    def record_downgrade(self, kind: DowngradeKind, endpoint: str, role: str, message: str) -> None:
-        """Record, once per endpoint and kind, that its server refused what the client asked and the run went on
-        without it (:data:`DOWNGRADES` says what each kind is)."""
+    def record_downgrade(
+        self, kind: DowngradeKind, endpoint: str, role: str, message: str, model: str | None = None
+    ) -> None:
+        """Record, once per endpoint, model and kind, that its server refused what the client asked of that model and
+        the run went on without it (:data:`DOWNGRADES` says what each kind is): one URL may serve several models,
+        each refusing its own fields. ``model`` None: the endpoint serves one model of its own (the in-process one)."""
         recorded = self.downgrades(kind)
-        if endpoint not in recorded:
-            recorded[endpoint] = {"role": role, "message": message, "at": time.time()}
+        models = recorded.setdefault(endpoint, {})
+        if (model or "") not in models:
+            models[model or ""] = {"role": role, "message": message, "at": time.time(), "model": model}
             self.set(f"{kind}_downgrades", recorded)
 
-    def downgrades(self, kind: str) -> dict[str, dict[str, Any]]:
-        """Endpoint URL -> the first refusal of this kind (role, server message, time), over the run (runs stored by
-        earlier versions kept them under ``KIND_fallbacks``)."""
-        stored = self.get(f"{kind}_downgrades") or self.get(f"{kind}_fallbacks")
-        return dict(stored or {})
+    def downgrades(self, kind: str) -> dict[str, dict[str, dict[str, Any]]]:
+        """Endpoint URL -> model -> the first refusal of this kind for that model (role, server message, time, model),
+        over the run. A run stored by an earlier version kept one refusal per URL (under ``KIND_fallbacks`` before
+        that), saying no model: read under the model "" (the model the run asked at the time, not named), as
+        :meth:`downgrade_messages` shows it, under the URL alone."""
+        stored = self.get(f"{kind}_downgrades") or self.get(f"{kind}_fallbacks") or {}
+        return {
+            url: {"": dict(entry)} if isinstance(entry.get("message"), str) else {m: dict(f) for m, f in entry.items()}
+            for url, entry in stored.items()
+            if isinstance(entry, dict)
+        }
 
     def downgrade_messages(self) -> dict[str, dict[str, str]]:
-        """Kind -> endpoint URL -> the server's message, for each kind of downgrade the run made."""
+        """Kind -> where (:func:`downgrade_where`: the endpoint URL and the model refused) -> the server's message, for
+        each kind of downgrade the run made."""
         found = {
-            kind: {url: str(f.get("message", "")) for url, f in self.downgrades(kind).items()} for kind in DOWNGRADES
+            kind: {
+                downgrade_where(url, model): str(f.get("message", ""))
+                for url, models in self.downgrades(kind).items()
+                for model, f in models.items()
+            }
+            for kind in DOWNGRADES
         }
-        return {kind: urls for kind, urls in found.items() if urls}
+        return {kind: where for kind, where in found.items() if where}
 
     def record_server(self, findings: ServerFindings) -> None:
         """Record what a server said of itself when probed (its kind, context window, ``n``) and where its replies

@@ -102,10 +102,12 @@ class RunStore:
     def get_meta(self, key: str) -> Any:
         return self._meta.get(key)
 
-    def record_downgrade(self, kind: DowngradeKind, endpoint: str, role: str, message: str) -> None:
-        self._meta.record_downgrade(kind, endpoint, role, message)
+    def record_downgrade(
+        self, kind: DowngradeKind, endpoint: str, role: str, message: str, model: str | None = None
+    ) -> None:
+        self._meta.record_downgrade(kind, endpoint, role, message, model)
 
-    def downgrades(self, kind: str) -> dict[str, dict[str, Any]]:
+    def downgrades(self, kind: str) -> dict[str, dict[str, dict[str, Any]]]:
         return self._meta.downgrades(kind)
 
     def downgrade_messages(self) -> dict[str, dict[str, str]]:
