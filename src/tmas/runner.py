@@ -392,6 +392,24 @@ class RunSetup:
             f"{name} {_shown(old[name])} (now {_shown(new[name])})" for name in sorted(old) if old[name] != new[name]
         ]
 
+    def changed_servers(self, store: RunStore) -> list[str]:
+        """The roles of this setup's method whose endpoint URLs are not those ``store``'s replies came from, where no
+        model is named (each server answers with a model of its own, so other URLs may mean another model), each as
+        ``ROLE endpoint OLD (now NEW)``; none where no reply of those roles is stored (nothing would be mixed) or the
+        recorded settings are another version's. A named model is compared by :meth:`changed_requests` instead."""
+        roles = self.method.traits.roles
+        if not any(n for role, (n, _) in store.replies_by_role().items() if role in roles):
+            return []
+        before = _recorded_settings(store)
+        if before is None:
+            return []
+        changed = []
+        for role in roles:
+            old, new = _served_by(before, role), _served_by(self.settings, role)
+            if old is not None and new is not None and old != new:
+                changed.append(f"{role} endpoint {', '.join(old)} (now {', '.join(new)})")
+        return changed
+
     @cached_property
     def inputs(self) -> dict[str, str]:
         """What the method reads outside the run, by the identity of its content (:meth:`Method.inputs`): read once
@@ -419,6 +437,13 @@ class RunSetup:
         other requests than the run's recorded settings did (:meth:`changed_requests`), or sends them or reads their
         replies otherwise (:meth:`changed_handling`): the run would then hold results of two configurations under one
         record of its settings."""
+        if servers := self.changed_servers(store):
+            more = f" and {len(servers) - 1} more" if len(servers) > 1 else ""
+            raise InputError(
+                f"{store.run_dir}: the run's replies came from the model served at the {servers[0]}{more}, and no"
+                " model is named: another model may answer there, and its replies would be mixed with the stored"
+                " ones; resume with the run's --base-url, or start a new run for the other server"
+            )
         finished = store.finished_problem_ids(run_fingerprint(self.method, self.settings))
         if not finished:
             return
@@ -520,6 +545,16 @@ def _recorded_settings(store: RunStore) -> Settings | None:
         return Settings.model_validate(store.get_meta("settings"))
     except ValidationError:
         return None
+
+
+def _served_by(settings: Settings, role: str) -> list[str] | None:
+    """The URLs whose own model answers ``role``'s calls where no model is named; None where one is (the requests
+    name it, and a resume compares it) or no endpoint answers (the local or in-process model, named likewise)."""
+    own = settings.roles.get(role)
+    if (own.model if own else None) or settings.endpoint.model:
+        return None
+    urls = (own.base_url if own else None) or settings.endpoint.base_url
+    return sorted(urls) if urls else None
 
 
 def _shown(value: Any) -> str:

@@ -28,8 +28,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from pydantic import ValidationError
-
 from tmas.config import Sampling, Settings
 from tmas.errors import ConfigError, InputError
 from tmas.files import write_atomic
@@ -317,31 +315,12 @@ def sampled_otherwise(store: RunStore, setup: RunSetup) -> list[str]:
     """What ``setup`` draws samples with otherwise than ``store``'s replied samples were drawn, each as ``NAME OLD
     (now NEW)``; none where no sample replied yet (nothing would be mixed). As a resumed run compares them
     (:meth:`RunSetup.changed_requests`, :meth:`RunSetup.changed_handling`: the model, sampling, seed, prompt
-    templates), and, where no model is named (each server answers with its own), the endpoint's URLs: a stored
-    sample replays whatever server is asked now, and only the failed ones would be sent to the new one."""
+    templates; :meth:`RunSetup.changed_servers`: where no model is named, the endpoint's URLs, since a stored sample
+    replays whatever server is asked now and only the failed ones would be sent to the new one)."""
     roles = setup.method.traits.roles
     if not any(n for role, (n, _) in store.replies_by_role().items() if role in roles):
         return []
-    changed = setup.changed_requests(store) + setup.changed_handling(store)
-    try:
-        before = Settings.model_validate(store.get_meta("settings"))
-    except ValidationError:
-        return sorted(changed)  # recorded by another version: its URLs are not compared
-    for role in roles:
-        old, new = _served_by(before, role), _served_by(setup.settings, role)
-        if old is not None and new is not None and old != new:
-            changed.append(f"{role} endpoint {', '.join(old)} (now {', '.join(new)})")
-    return sorted(changed)
-
-
-def _served_by(settings: Settings, role: str) -> list[str] | None:
-    """The URLs whose own model answers ``role``'s calls where no model is named; None where one is (the requests
-    name it, and a resume compares it) or no endpoint answers (the local or in-process model, named likewise)."""
-    own = settings.roles.get(role)
-    if (own.model if own else None) or settings.endpoint.model:
-        return None
-    urls = (own.base_url if own else None) or settings.endpoint.base_url
-    return sorted(urls) if urls else None
+    return sorted(setup.changed_requests(store) + setup.changed_handling(store) + setup.changed_servers(store))
 
 
 async def run_filter(

@@ -1,0 +1,71 @@
+"""A run whose endpoint names no model is answered by whatever model its server serves: resumed against other URLs,
+another model may answer, and its replies would be mixed with the stored ones. Such a resume is refused in one line
+before any call, by the check ``tmas data filter`` makes of its samples (RunSetup.changed_servers); the run's own
+URLs, or a model named in the run's settings, resume as before."""
+
+from __future__ import annotations
+
+import sqlite3
+from pathlib import Path
+
+import pytest
+
+from conftest import settings_for
+from tmas.config import Settings
+from tmas.errors import InputError
+from tmas.problems import Problem
+from tmas.runner import prepare_run, resume_settings, run_problems, stored_settings
+from tmas.testing import SimScript, SimServer
+
+PROBLEMS = [Problem(problem_id=f"p{k}", question=f"What is {k + 2}*7?", answer=str(7 * (k + 2))) for k in range(2)]
+
+
+async def _run_then_stop(run_dir: Path, settings: Settings) -> None:
+    """The run as a stop leaves it with p0 finished and p1 not begun."""
+    store, settings, todo = prepare_run(run_dir, settings, PROBLEMS, resume=False)
+    with store:
+        await run_problems(settings, todo, store)
+    with sqlite3.connect(run_dir / "run.sqlite") as db:
+        db.execute("DELETE FROM results WHERE problem_id = 'p1'")
+        db.execute("DELETE FROM calls WHERE problem_id = 'p1'")
+
+
+def _resumed(run_dir: Path, base_url: str, **overrides: object) -> Settings:
+    return resume_settings(stored_settings(run_dir), {"endpoint.base_url": [base_url], **overrides})
+
+
+@pytest.mark.parametrize("finished", [True, False])
+async def test_a_resume_against_another_server_with_no_model_named_is_refused(tmp_path: Path, finished: bool) -> None:
+    with SimServer(SimScript(model="model-a")) as first, SimServer(SimScript(model="model-b")) as second:
+        method = {"name": "majority", "params": {"k": 2}}
+        settings = settings_for(first, endpoint__model=None, method=method)
+        run_dir = tmp_path / "run"
+        await _run_then_stop(run_dir, settings)
+        if not finished:  # a stored reply of an unfinished problem is mixed the same way
+            with sqlite3.connect(run_dir / "run.sqlite") as db:
+                db.execute("DELETE FROM results")
+        first.reset()
+        with pytest.raises(InputError) as refused:
+            prepare_run(run_dir, _resumed(run_dir, second.base_url), None, resume=True)
+        assert second.chat_bodies() == [] and first.chat_bodies() == []
+        # The run's own server resumes it.
+        store, again, todo = prepare_run(run_dir, _resumed(run_dir, first.base_url), None, resume=True)
+        with store:
+            await run_problems(again, todo, store)
+        assert first.chat_bodies() and second.chat_bodies() == []
+    message = str(refused.value)
+    assert "\n" not in message
+    assert f"solution endpoint {first.base_url} (now {second.base_url})" in message and "no model is named" in message
+
+
+async def test_a_run_that_named_its_model_resumes_against_another_server(tmp_path: Path) -> None:
+    # The requests name the model: a server that does not serve it says so, and a resume compares the name itself.
+    with SimServer(SimScript()) as first, SimServer(SimScript()) as second:
+        settings = settings_for(first, method={"name": "majority", "params": {"k": 2}})
+        run_dir = tmp_path / "run"
+        await _run_then_stop(run_dir, settings)
+        store, again, todo = prepare_run(run_dir, _resumed(run_dir, second.base_url), None, resume=True)
+        with store:
+            await run_problems(again, todo, store)
+        bodies = second.chat_bodies()
+    assert bodies and {b["model"] for b in bodies} == {"sim-model"}
