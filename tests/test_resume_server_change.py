@@ -55,7 +55,8 @@ async def test_a_resume_against_another_server_with_no_model_named_is_refused(tm
         assert first.chat_bodies() and second.chat_bodies() == []
     message = str(refused.value)
     assert "\n" not in message
-    assert f"solution endpoint {first.base_url} (now {second.base_url})" in message and "no model is named" in message
+    assert f"model 'model-a' served at the solution endpoint {first.base_url} (now {second.base_url})" in message
+    assert "no model is named" in message
 
 
 async def test_a_run_that_named_its_model_resumes_against_another_server(tmp_path: Path) -> None:

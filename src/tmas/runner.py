@@ -392,22 +392,22 @@ class RunSetup:
             f"{name} {_shown(old[name])} (now {_shown(new[name])})" for name in sorted(old) if old[name] != new[name]
         ]
 
-    def changed_servers(self, store: RunStore) -> list[str]:
+    def changed_servers(self, store: RunStore) -> dict[str, str]:
         """The roles of this setup's method whose endpoint URLs are not those ``store``'s replies came from, where no
-        model is named (each server answers with a model of its own, so other URLs may mean another model), each as
+        model is named (each server answers with a model of its own, so other URLs may mean another model): role ->
         ``ROLE endpoint OLD (now NEW)``; none where no reply of those roles is stored (nothing would be mixed) or the
         recorded settings are another version's. A named model is compared by :meth:`changed_requests` instead."""
         roles = self.method.traits.roles
         if not any(n for role, (n, _) in store.replies_by_role().items() if role in roles):
-            return []
+            return {}
         before = _recorded_settings(store)
         if before is None:
-            return []
-        changed = []
+            return {}
+        changed = {}
         for role in roles:
             old, new = _served_by(before, role), _served_by(self.settings, role)
             if old is not None and new is not None and old != new:
-                changed.append(f"{role} endpoint {', '.join(old)} (now {', '.join(new)})")
+                changed[role] = f"{role} endpoint {', '.join(old)} (now {', '.join(new)})"
         return changed
 
     @cached_property
@@ -438,11 +438,14 @@ class RunSetup:
         replies otherwise (:meth:`changed_handling`): the run would then hold results of two configurations under one
         record of its settings."""
         if servers := self.changed_servers(store):
+            role, where = next(iter(servers.items()))
             more = f" and {len(servers) - 1} more" if len(servers) > 1 else ""
+            replied = next((c.model for c in store.calls() if c.ok and c.key.role == role), None)
+            model = f"model {replied!r}" if replied else "the model"
             raise InputError(
-                f"{store.run_dir}: the run's replies came from the model served at the {servers[0]}{more}, and no"
-                " model is named: another model may answer there, and its replies would be mixed with the stored"
-                " ones; resume with the run's --base-url, or start a new run for the other server"
+                f"{store.run_dir}: the run's replies came from {model} served at the {where}{more}, and no model is"
+                " named: another model may answer there, and its replies would be mixed with the stored ones; resume"
+                " with the run's --base-url, or start a new run for the other server"
             )
         finished = store.finished_problem_ids(run_fingerprint(self.method, self.settings))
         if not finished:

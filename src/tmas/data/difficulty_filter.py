@@ -320,7 +320,9 @@ def sampled_otherwise(store: RunStore, setup: RunSetup) -> list[str]:
     roles = setup.method.traits.roles
     if not any(n for role, (n, _) in store.replies_by_role().items() if role in roles):
         return []
-    return sorted(setup.changed_requests(store) + setup.changed_handling(store) + setup.changed_servers(store))
+    return sorted(
+        setup.changed_requests(store) + setup.changed_handling(store) + list(setup.changed_servers(store).values())
+    )
 
 
 async def run_filter(
