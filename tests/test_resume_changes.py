@@ -14,7 +14,7 @@ import pytest
 
 from conftest import run_tmas
 from tmas.store.run_store import RunStore
-from tmas.testing import SimServer
+from tmas.testing import SimScript, SimServer
 
 pytestmark = pytest.mark.slow
 
@@ -194,3 +194,22 @@ def test_a_refused_resume_runs_no_pilot_and_asks_no_cost_question_first(sim: Sim
     assert refused.stderr.strip().splitlines()[0].startswith(said), refused.stderr
     assert sim.requests == []
     assert not (run_dir / "pilot").exists()
+
+
+def test_a_resume_at_another_url_with_no_model_named_is_refused_in_one_line(tmp_path: Path) -> None:
+    """The run named no model: the server at another --base-url may serve another one, so the resume is refused
+    before any call, naming the model that answered the run and both URLs."""
+    write_problems(tmp_path / "p.jsonl")
+    run_dir = tmp_path / "run"
+    with SimServer(SimScript(model="model-a")) as first, SimServer(SimScript(model="model-b")) as second:
+        made = tmas(
+            "run", str(tmp_path / "p.jsonl"), "-o", str(run_dir), "--base-url", first.base_url, "-m", "majority"
+        )
+        assert made.returncode == 0, made.stderr
+        stopped_before_p1(run_dir)
+        first.reset()
+        refused = tmas("run", "--resume", str(run_dir), "--base-url", second.base_url, "-y")
+        assert second.requests == [] and first.chat_bodies() == []
+    assert refused.returncode == 2, refused.stderr
+    said = f"model 'model-a' served at the solution endpoint {first.base_url} (now {second.base_url})"
+    assert said in refused.stderr.strip().splitlines()[-1], refused.stderr
