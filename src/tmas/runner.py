@@ -119,8 +119,9 @@ class RunSummary:
     retries_by_cause: dict[str, int] = field(default_factory=dict)
     # Prompt tokens the servers took from their prompt caches (as they reported), over the whole run.
     cached_prompt_tokens: int = 0
-    # Kind -> endpoint URL -> the server's refusal, for each thing a server refused and the run went on without
-    # (tmas.llm.types.DOWNGRADES: response_format, streaming, n > 1, a sampling field).
+    # Kind -> where (the endpoint URL and the model refused: tmas.store.run_meta.downgrade_where) -> the server's
+    # refusal, for each thing a server refused and the run went on without (tmas.llm.types.DOWNGRADES:
+    # response_format, streaming, n > 1, a sampling field).
     downgrades: dict[str, dict[str, str]] = field(default_factory=dict)
     # The run's one-line notices (e.g. confidence rules on a server without log-probabilities), each kind once.
     notices: list[str] = field(default_factory=list)

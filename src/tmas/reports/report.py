@@ -98,7 +98,8 @@ class RunEvaluation:
     selection: SelectionTable | None = None
     separation: ScoreSeparation | None = None
     replies: dict[str, ReplyTally] = field(default_factory=dict)
-    # Kind -> endpoint URL -> the server's refusal, for what the run went on without (tmas.llm.types.DOWNGRADES).
+    # Kind -> where (the endpoint URL and the model refused) -> the server's refusal, for what the run went on without
+    # (tmas.llm.types.DOWNGRADES).
     downgrades: dict[str, dict[str, str]] = field(default_factory=dict)
     # The run's one-line notices (e.g. confidence rules on a server without log-probabilities).
     notices: dict[str, str] = field(default_factory=dict)
