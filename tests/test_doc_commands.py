@@ -1,6 +1,7 @@
 """Every ``tmas`` command line the README, the pages on configuration and the example grids' comments show names a
 command that exists, every flag on it (on the lines a backslash continues it onto too) is one that command takes,
-and every method parameter it gives is one its method takes, with a value it accepts."""
+and every method parameter it gives is one its method takes, with a value it accepts; each command of a page's shell
+blocks is one its command parses whole, arguments and values included."""
 
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ import typer
 from test_doc_defaults import CONFIG_PAGES
 from tmas.cli.main import app
 from tmas.cli.options import parse_params
+from tmas.cli.usage import ParserError, error_line
 from tmas.errors import ConfigError
 from tmas.methods import create_method
 
@@ -122,3 +124,41 @@ def test_documented_method_parameters_exist(doc: str) -> None:
             create_method(method, params)
         except ConfigError as exc:
             raise AssertionError(f"{doc}: '{line}': {exc}") from None
+
+
+# A shell block of a page: its lines, a backslash's continuation joined on.
+SHELL_BLOCK = re.compile(r"```(?:bash|sh|shell|console)\n(.*?)```", re.S)
+
+
+def block_commands(doc: str) -> list[str]:
+    """The ``tmas`` commands of ``doc``'s shell blocks, whole: each piece of a line between ``&&``, ``|`` and ``;``
+    that starts with ``tmas`` (after a ``$ `` prompt or environment variables), its redirections, a trailing ``&``
+    and its comment left out."""
+    commands = []
+    for block in SHELL_BLOCK.findall((ROOT / doc).read_text()):
+        for line in re.sub(r"\\\n\s*", " ", block).splitlines():
+            for piece in re.split(r"&&|\|\|?|;", line.split(" #")[0]):
+                piece = re.sub(r"^\s*(?:\$ )?(?:[A-Z_]+=\S+ )*", "", piece).strip()
+                if piece.startswith("tmas "):
+                    commands.append(re.sub(r"\s+&$|\s+\d?>.*$", "", piece))
+    return commands
+
+
+@pytest.mark.parametrize("doc", [doc for doc in DOCS if doc.endswith(".md")])
+def test_documented_command_blocks_parse(doc: str) -> None:
+    # Each command a shell block shows is one its command reads whole as written: its arguments all there and no
+    # more, every option's value of the type and among the choices the option takes (a flag that exists but whose
+    # value the parser refuses, or a positional argument a command lost, rots a copied command as surely as a
+    # renamed flag). A line with a shell variable or "..." in it stands for values the page names elsewhere.
+    root: Any = typer.main.get_command(app)
+    for line in block_commands(doc):
+        words = shlex.split(line)[1:]
+        if "..." in words or "$" in line:
+            continue
+        command, rest = resolve(root, words)
+        if command is None or getattr(command, "commands", None) or "--help" in rest:
+            continue
+        try:
+            command.make_context(" ".join(["tmas", *words[: len(words) - len(rest)]]), list(rest))
+        except ParserError as exc:
+            raise AssertionError(f"{doc}: '{line}': {error_line(exc)}") from None
