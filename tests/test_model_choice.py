@@ -71,6 +71,31 @@ def test_a_local_model_flag_replaces_the_config_files_endpoint(sim: SimServer, t
     assert _chat_requests(sim) == 0
 
 
+@pytest.mark.parametrize(("model_flag", "setting"), [("--local-model", "local.model"), ("--hf-model", "hf.model")])
+def test_a_missing_model_is_said_before_the_estimate(
+    sim: SimServer, tmp_path: Path, model_flag: str, setting: str
+) -> None:
+    # Before, a run on a model that is no file and no known name printed its cost estimate first: a --dry-run passed
+    # with exit code 0, and a run above the gate's threshold asked (or refused without --yes) about a run that could
+    # not start. Now the one line naming the model comes first, for a new run and a resume alike.
+    out = tmp_path / "out"
+    result = run_tmas(
+        "run", _problems(tmp_path), "-o", str(out), "-m", "cot", model_flag, MISSING_GGUF, "--dry-run", text=True
+    )
+    assert result.returncode == 2, result.stderr
+    [line] = result.stderr.strip().splitlines()
+    assert line.startswith(f"tmas: error: {setting} ({model_flag}) '{MISSING_GGUF}' is neither"), line
+    assert not out.exists()
+    made = run_tmas("run", _problems(tmp_path), "-o", str(out), "-m", "cot", "--base-url", sim.base_url, text=True)
+    assert made.returncode == 0, made.stderr
+    sent = _chat_requests(sim)
+    again = run_tmas("run", "--resume", str(out), model_flag, MISSING_GGUF, "--dry-run", text=True)
+    assert again.returncode == 2, again.stderr
+    [line] = again.stderr.strip().splitlines()
+    assert line.startswith(f"tmas: error: {setting} ({model_flag}) '{MISSING_GGUF}' is neither"), line
+    assert _chat_requests(sim) == sent
+
+
 def test_solve_says_which_model_it_starts_over_a_configured_endpoint(sim: SimServer, tmp_path: Path) -> None:
     config = tmp_path / "cfg.toml"
     config.write_text(f'[endpoint]\nbase_url = "{sim.base_url}"\n', encoding="utf-8")

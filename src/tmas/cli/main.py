@@ -239,9 +239,12 @@ def _new_run(
     ``left_out``: what the command sends beside the run, said with its estimate (``tmas eval``'s judge)."""
     from tmas.cli.estimate import build_estimate, gate
     from tmas.problems import iter_problems, resolve_dataset
-    from tmas.runner import check_new_run_dir, open_new_run
+    from tmas.runner import check_embedded_model, check_new_run_dir, open_new_run
 
     check_new_run_dir(out)  # before the estimate, whose pilot would run into the directory
+    # A model tmas would run itself that names no file or known model: said before an estimate (or a dry run's
+    # success, or the gate's question) for a run that could not start.
+    check_embedded_model(settings)
     source = resolve_dataset(problems)
     reader = islice(iter_problems(source), limit) if limit else iter_problems(source)
     # A pilot runs on the first problems; otherwise only their count matters (a big file is not held).
@@ -263,7 +266,7 @@ def _resume_run(
 ) -> int:
     from tmas.cli.estimate import build_estimate, gate
     from tmas.planning.estimate import replay_credit, stored_ceiling
-    from tmas.runner import RunSetup, prepare_run, resume_settings, stored_settings
+    from tmas.runner import RunSetup, check_embedded_model, prepare_run, resume_settings, stored_settings
     from tmas.store.run_lock import running
     from tmas.store.run_store import RunStore
 
@@ -276,6 +279,7 @@ def _resume_run(
     with running(run_dir):
         pass
     settings = with_method_params(settings, given.params(settings.method.name))
+    check_embedded_model(settings)  # as a new run's: before the estimate
     with RunStore(run_dir, create=False) as peek:
         setup = RunSetup.check(settings, resuming=run_dir)
         # A resume that would keep finished results under other settings is refused here, before the estimate: its
