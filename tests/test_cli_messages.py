@@ -244,6 +244,22 @@ def test_a_solve_confirmed_on_the_terminal_prints_the_answer_alone(sim: SimServe
     assert "Start? [y/N]:" in out.terminal and out.stdout == "391\n"
 
 
+def test_a_solve_on_a_terminal_shows_the_runs_live_display(sim: SimServer) -> None:
+    # A question can take minutes (the embedded model on a CPU) or hours (preset=paper). Before, tmas solve showed
+    # nothing between its estimate and its answer, even on a terminal; now it shows tmas run's display: the question
+    # being solved, the calls sent and the tokens. The answer alone still goes to standard output.
+    args = ["solve", Q, "-m", "majority", "-p", "k=3", "--base-url", sim.base_url]
+    out = on_terminal(*args, typed="", stderr_on_it=True)
+    assert out.returncode == 0, out.terminal
+    assert out.stdout == "391\n"
+    assert "problems" in out.terminal and "1/1" in out.terminal
+    assert "calls: 0 in flight, 3 sent" in out.terminal, out.terminal
+    # Without a terminal standard error is as before: the estimate and the summary.
+    piped = run_tmas(*args, text=True)
+    assert piped.returncode == 0 and piped.stdout == "391\n"
+    assert [line.split(":")[1].split()[0] for line in piped.stderr.strip().splitlines()] == ["estimate", "3"]
+
+
 @pytest.mark.parametrize("typed", ["y\n", "n\n"])
 def test_with_standard_error_not_a_terminal_the_question_is_asked_on_the_terminal(
     sim: SimServer, tmp_path: Path, typed: str

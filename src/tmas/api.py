@@ -56,6 +56,7 @@ from tmas.problems import Problem, check_question, iter_problems, resolve_datase
 from tmas.runner import (
     RunExists,
     RunSetup,
+    RunState,
     RunSummary,
     StoreFailed,
     Unreachable,
@@ -105,9 +106,10 @@ async def solve_question(
     max_calls: int | None = QUESTION_CALLS,
     max_completion_tokens: float | None = CONFIRM_TOKENS,
     for_api: bool = True,
+    state: RunState | None = None,
 ) -> ProblemResult:
     """:func:`asolve`, whose errors name what continues its run: the API's call and keyword (``for_api``), or the
-    commands' (``tmas solve``)."""
+    commands' (``tmas solve``). ``state``: the run's live figures, for a progress display."""
     check_question(question, "question")
     check_arguments("tmas.solve", settings=settings, method=method, params=params, run_dir=run_dir, model=model)
     check_limits("tmas.solve", max_calls, max_completion_tokens)
@@ -124,7 +126,9 @@ async def solve_question(
                 Path(run_dir or scratch), settings, [problem], resume=False, own_model=own
             )
         with store:
-            solving = run_problems(settings, problems, store, keep_results=True, model=model, scratch=run_dir is None)
+            solving = run_problems(
+                settings, problems, store, state=state, keep_results=True, model=model, scratch=run_dir is None
+            )
             try:
                 summary = await (_solving(solving) if for_api else solving)
             except Unreachable as exc:

@@ -95,6 +95,24 @@ def _root(
     """tmas: TMAS, MATTRL and baselines on any OpenAI-compatible endpoint."""
 
 
+async def _solving(text: str, settings: Settings, run_dir: Path | None) -> Any:
+    """The question solved; on a terminal with the live display ``tmas run`` shows (the question's iteration, the
+    calls in flight and sent, the tokens), since a question can take minutes (the embedded model on a CPU) or hours
+    (``preset=paper``). Without a terminal, standard error holds the estimate and the summary alone, as before."""
+    from tmas.api import solve_question
+    from tmas.cli.progress import RunProgress
+    from tmas.runner import RunState
+
+    state = RunState() if sys.stderr.isatty() else None
+    asking = solve_question(
+        text, settings, run_dir=run_dir, max_calls=None, max_completion_tokens=None, for_api=False, state=state
+    )
+    if state is None:
+        return await asking
+    async with RunProgress(state, live=True).running():
+        return await asking
+
+
 def _read_question(question: str | None, file: Path | None) -> str:
     """The question, from the argument, ``--file`` or standard input: non-empty UTF-8 text, or a one-line error
     naming where it was read from."""
@@ -139,7 +157,7 @@ def solve(
 ) -> None:
     """Solve one question and print the answer (on your endpoint, given no parameters, TMAS runs its quick preset:
     at most 48 calls)."""
-    from tmas.api import question_settings, solve_question
+    from tmas.api import question_settings
     from tmas.cli.estimate import QUESTION_CONFIRM_CALLS, question_estimate
     from tmas.cli.estimate import gate as cost_gate
     from tmas.llm.types import cached_share_text
@@ -156,10 +174,7 @@ def solve(
     check_endpoint(settings)  # nothing listening, or no /v1: said before a run directory is made
     try:
         # The gate above has asked (or been told --yes): no second limit.
-        asking = solve_question(
-            text, settings, run_dir=run_dir, max_calls=None, max_completion_tokens=None, for_api=False
-        )
-        result = interrupt.run(asking)
+        result = interrupt.run(_solving(text, settings, run_dir))
     except interrupt.Stopped as stop:
         kept = "nothing was kept (tmas solve --run-dir DIR keeps a question's calls)"
         if run_dir is not None:
