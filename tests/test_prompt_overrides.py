@@ -146,6 +146,19 @@ def test_the_prompts_commands(tmp_path: Path) -> None:
     assert failed.exit_code != 0 and isinstance(failed.exception, ConfigError)
 
 
+def test_a_misspelt_packaged_template_name_names_the_one_it_is_close_to() -> None:
+    # Before, `tmas prompts show tmas_verfy` said only that no such template exists, as a misspelt file in a
+    # prompts_dir or a config key already named what it is close to.
+    with pytest.raises(ConfigError) as err:
+        packaged_source("tmas_verfy.j2")
+    assert str(err.value) == (
+        "no packaged prompt template named 'tmas_verfy.j2' (did you mean 'tmas_verify'? see `tmas prompts list`)"
+    )
+    with pytest.raises(ConfigError) as err:
+        packaged_source("zzzzqq.j2")
+    assert str(err.value) == "no packaged prompt template named 'zzzzqq.j2' (see `tmas prompts list`)"
+
+
 HINTS = '{% include "_mattrl_hints.j2" %}'
 # An override reads what its role passes, in the shapes the role passes it; a mistake there used to pass the check and
 # then fail every problem of the run. (file, text replaced, replacement)

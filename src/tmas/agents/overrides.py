@@ -45,8 +45,11 @@ def packaged_names() -> list[str]:
 def packaged_source(name: str) -> str:
     """The text of packaged template ``name`` (a one-line :class:`ConfigError` for an unknown name)."""
     env = packaged_environment()
-    if name not in packaged_names():
-        raise ConfigError(f"no packaged prompt template named {name!r} (see `tmas prompts list`)")
+    known = packaged_names()
+    if name not in known:
+        close = difflib.get_close_matches(name, known, n=1)
+        hint = f"did you mean {close[0].removesuffix(SUFFIX)!r}? " if close else ""
+        raise ConfigError(f"no packaged prompt template named {name!r} ({hint}see `tmas prompts list`)")
     assert env.loader is not None
     source, _, _ = env.loader.get_source(env, name)
     return source
