@@ -94,3 +94,43 @@ def test_a_runs_per_problem_values() -> None:
     # (1: wrong), at their 100 tokens.
     assert mv_by_problem(results, grades, 3) == {"p": (1.0, 60.0), "q": (0.0, 100.0)}
     assert returned_by_problem(results, grades) == {"p": (1.0, 60.0), "q": (0.0, 100.0)}
+
+
+def test_the_answer_a_run_returned_is_paired_at_every_token_it_spent() -> None:
+    # a ran It0 (600 completion tokens, right) and its budget stopped it inside It1: 1000 spent in all. b ran It0 and
+    # It1 at 300 each (wrong, then right). Each returned answer stands at all its problem spent (metrics.spent_through
+    # over every iteration, the cut one included, as MV@k counts a problem): a 1000, b 600; mean 800, not the
+    # (600 + 600) / 2 = 600 of a's finished iterations alone.
+    def record(t: int, tokens: int) -> dict[str, object]:
+        return {
+            "iteration": t,
+            "selected": "1",
+            "candidates": [{"index": 0, "answer": "1", "usage": {"completion_tokens": tokens}}],
+            "usage": {"completion_tokens": tokens},
+        }
+
+    results = as_results(
+        [
+            {
+                "problem_id": "a",
+                "status": "done",
+                "stopped_reason": "budget",
+                "usage": {"completion_tokens": 1000},
+                "iterations": [record(0, 600)],
+            },
+            {"problem_id": "b", "status": "done", "iterations": [record(0, 300), record(1, 300)]},
+        ]
+    )
+    verdicts = {("a", 0, 0): True, ("b", 0, 0): False, ("b", 1, 0): True}
+    grades = Grades(runs=1)
+    for (pid, t, index), ok in verdicts.items():
+        grades.verdicts[(pid, t, index)] = [ok]
+        grades.verdicts[(pid, t, SELECTED)] = [ok]
+    returned = returned_by_problem(results, grades)
+    assert returned == {"a": (1.0, 1000.0), "b": (1.0, 600.0)}
+    # Paired with the MV@k nearest its 800 a problem: MV@2 (800), not MV@1 (600).
+    majority = {1: {"a": (1.0, 600.0), "b": (0.0, 600.0)}, 2: {"a": (1.0, 800.0), "b": (0.5, 800.0)}}
+    pair = nearest_majority(returned, majority)
+    assert pair is not None and (pair.k, pair.tokens, pair.difference) == (2, 800.0, 0.25)
+    # The frontier's It0 point still reads a's answer after It0 at what It0 cost (600), b's at its 300.
+    assert returned_by_problem(results, grades, 0) == {"a": (1.0, 600.0), "b": (0.0, 300.0)}

@@ -72,7 +72,8 @@ def returned_by_problem(
 ) -> dict[str, tuple[float, float]]:
     """Per problem that counts at ``iteration`` (None: its last), the correctness of the answer returned then and the
     completion tokens spent up to it (:func:`spent_through`, of ``spend`` where given); a problem that failed before
-    any iteration returned nothing (0)."""
+    any iteration returned nothing (0). With ``iteration`` None, what the run returned at all it spent: an iteration
+    a budget or an error cut short after the last one included, as MV@k (:func:`mv_by_problem`) counts a problem."""
     out: dict[str, tuple[float, float]] = {}
     for result in results:
         t = iteration
@@ -82,8 +83,8 @@ def returned_by_problem(
             continue
         record = record_at(result, t)
         # One that stopped before t (its answer stands) or failed counts what the whole problem spent, an iteration
-        # a budget or an error cut short included (spent_through).
-        spent = float(spent_through(result, t, _completion, spend))
+        # a budget or an error cut short included (spent_through); at its last answer (None) so does every problem.
+        spent = float(spent_through(result, iteration, _completion, spend))
         if record is None:  # failed before any iteration: nothing returned
             out[result.problem_id] = (0.0, spent)
             continue
