@@ -59,6 +59,9 @@ class Grades:
     # What a grader found besides right/wrong, by item (diagnosis: ``rank``; teaching: ``pre`` and
     # ``pre_correct``): the domain metrics are computed from these and the verdicts.
     findings: dict[ItemKey, dict[str, Any]] = field(default_factory=dict)
+    # Items read from stored grades that hold none for their answer (finished, or solved anew, after the run's last
+    # grading): no verdict at all, counted incorrect as an undecided one is, but not undecided.
+    not_graded: set[ItemKey] = field(default_factory=set)
 
     def correct(self, key: ItemKey, run: int) -> bool:
         """Undecided counts as incorrect: a reply nobody could confirm is not credited."""
@@ -75,7 +78,8 @@ class Grades:
         return bool(verdicts) and sum(v is True for v in verdicts) * 2 >= len(verdicts)
 
     def undecided(self) -> int:
-        return sum(v is None for verdicts in self.verdicts.values() for v in verdicts)
+        """Verdicts a grader gave as undecided (an item never graded, ``not_graded``, is none of them)."""
+        return sum(v is None for key, verdicts in self.verdicts.items() if key not in self.not_graded for v in verdicts)
 
 
 def iter_items(problems: list[Problem], results: list[ProblemResult]) -> Iterator[Item]:

@@ -139,4 +139,8 @@ def load_grades(
     result_ids = {r.problem_id for r in results}
     grades.unlabeled = [p.problem_id for p in problems if p.answer is None and p.problem_id in result_ids]
     grades.verdicts = grader.recall(items, stored, runs)
+    held = {key for key, _, _ in stored}
+    grades.not_graded = {
+        key for key, verdicts in grades.verdicts.items() if key not in held and all(v is None for v in verdicts)
+    }
     return grades

@@ -674,6 +674,13 @@ def _run_section(doc: Document, e: RunEvaluation) -> None:
         items.append(
             f"grading: {g.mode}, {g.runs} judge run(s); {g.undecided()} undecided verdicts (counted incorrect)"
         )
+        if g.not_graded:
+            held = len({key[0] for key in g.not_graded})
+            items.append(
+                f"not graded yet: {len(g.not_graded)} answers (candidates and returned answers) of {held} "
+                f"problem{'' if held == 1 else 's'}, solved after the run's last grading, counted incorrect in every "
+                "figure ('tmas report' without --no-grade grades them)"
+            )
         items += g.notes
         if e.failed_rollouts:
             items.append(
