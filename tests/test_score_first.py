@@ -20,6 +20,7 @@ from tmas.llm.factory import open_model
 from tmas.llm.types import CallKey, TokenLogprob, user
 from tmas.store.run_store import RunStore
 from tmas.testing import Rule, ScriptedModel, SimScript, SimServer
+from tmas.testing.script import PersonaName
 
 
 def position(token: str, p: float, alternatives: dict[str, float]) -> dict[str, Any]:
@@ -136,13 +137,17 @@ async def test_tmas_logprob_scoring_sends_logprobs_and_reads_the_payload(sim: Si
     assert "verifier_logprob_missing" not in result.counters
 
 
+@pytest.mark.parametrize("persona", ["vllm", "llama-server"])
 @pytest.mark.parametrize("stream", ["auto", "off"])
-async def test_a_thinking_verifiers_score_is_read_from_its_answer_not_its_thinking(sim: SimServer, stream: str) -> None:
-    # vLLM gives log-probabilities for every generated token, the thinking's first, though its reasoning parser puts
-    # the thinking in a field of its own: the grade the thinking weighed ("Score: 0") is not the reply's ("Score: 2").
+async def test_a_thinking_verifiers_score_is_read_from_its_answer_not_its_thinking(
+    sim: SimServer, stream: str, persona: PersonaName
+) -> None:
+    # vLLM and llama-server give log-probabilities for every generated token, the thinking's first, though their
+    # reasoning parser puts the thinking in a field of its own: the grade the thinking weighed ("Score: 0") is not the
+    # reply's ("Score: 2").
     thought = "At first sight I would write Score: 0 for the last step, but the step holds after all."
     rule = Rule(role="verifier", replies=["Score: 2\nEvery step checks out."], reasoning=thought)
-    sim.set_script(SimScript(persona="vllm", reasoning=True, rules=[rule]))
+    sim.set_script(SimScript(persona=persona, reasoning=True, rules=[rule]))
     params = {"iterations": 1, "n": 1, "m": 1, "verifier_score": "logprob", "top_logprobs": 5, "score_max_tokens": 64}
     settings = settings_for(sim, method={"name": "tmas", "params": params}, endpoint__stream=stream)
     result = await asolve("What is 17*23?", settings)

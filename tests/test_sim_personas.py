@@ -606,8 +606,9 @@ async def test_logprobs_in_each_servers_shape(
     logprobs = reply["choices"][0]["logprobs"]
     assert set(logprobs) == ({"content", "refusal"} if persona == "openai" else {"content"})
     content = logprobs["content"]
-    # vLLM and SGLang give them for every generated token, the reasoning's first, though it is in a field of its own.
-    thought = "Add two and three." if persona in ("vllm", "sglang") else ""
+    # vLLM, SGLang and llama-server give them for every generated token, the reasoning's first, though it is in a
+    # field of its own.
+    thought = "Add two and three." if persona in ("vllm", "sglang", "llama-server") else ""
     assert "".join(e["token"] for e in content) == thought + "The answer is 5."
     assert all(set(e) == entry_keys and len(e["top_logprobs"]) == 1 for e in content)
     # In a stream each delta carries its own tokens' log-probabilities (the reasoning's where they are given).

@@ -74,10 +74,10 @@ def reply_place(content: str, reasoning_field: str | None, finish_reason: str | 
 
 def answer_logprobs(tokens: list[TokenLogprob], content: str) -> list[TokenLogprob] | None:
     """The log-probabilities of a thinking reply's answer: its last tokens, from the one where the ``content`` (the
-    answer, its thinking split off) begins. vLLM and SGLang give one for every generated token, the thinking's first,
-    even where their reasoning parser puts the thinking in a field of its own, and a think block in the content is
-    part of it too. None where the tokens' text does not show where the answer begins (tokens shown as bytes), so that
-    nothing is read from the thinking."""
+    answer, its thinking split off) begins. vLLM, SGLang and llama-server give one for every generated token, the
+    thinking's first, even where their reasoning parser puts the thinking in a field of its own, and a think block in
+    the content is part of it too. None where the tokens' text does not show where the answer begins (tokens shown
+    as bytes), so that nothing is read from the thinking."""
     head = content.strip()[:_ANSWER_HEAD_CHARS]
     at = "".join(t.token for t in tokens).rfind(head) if head else -1
     if at < 0:

@@ -582,8 +582,11 @@ LLAMA_SERVER = Persona(
     logprobs_extra={},
     logprob_bytes=True,
     logprob_ids=True,
-    # Not read from its source: the content's alone.
-    reasoning_logprobs=False,
+    # server-context.cpp keeps a probability entry for every sampled token (slot.generated_token_probs) and
+    # send_final_response hands them all to the reply (probs_output); the chat parser splits the reasoning off the
+    # text only afterwards, so server-task.cpp to_json_oaicompat_chat gives the thinking's tokens first. Streamed,
+    # each partial result puts its token's entry on the last delta it produced, a reasoning_content delta included.
+    reasoning_logprobs=True,
     # server-common.cpp: logprobs without top_logprobs asks for 20.
     default_top_logprobs=20,
     usage=_llama_usage,
