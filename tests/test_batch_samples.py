@@ -571,13 +571,14 @@ async def test_a_configured_seed_moves_on_by_each_requests_lowest_sample(sim: Si
     assert [s["seed"] for _, s in stored(tmp_path / "run")] == list(range(7, 15))
 
 
+@pytest.mark.parametrize("persona", ["vllm", "llama-server"])
 async def test_under_a_configured_seed_batched_samples_are_the_replies_each_would_get_alone(
-    sim: SimServer, tmp_path: Path
+    sim: SimServer, tmp_path: Path, persona: PersonaName
 ) -> None:
-    # The simulator's "vllm" persona draws choice i with the seed sent + i, as vLLM does: each sample is then the
+    # vLLM and llama-server draw choice i with the seed sent + i, and so do their personas: each sample is then the
     # reply its own request gets alone, so batching changes no sample. (A question the simulator cannot work out:
     # its guess follows the seed.)
-    sim.set_script(SimScript(persona="vllm"))
+    sim.set_script(SimScript(persona=persona))
     replies = []
     for batch in ("on", "off"):
         settings = majority(sim, 4, sampling__seed=7, endpoint__batch_samples=batch)

@@ -378,6 +378,9 @@ class Persona:
     # The "code" of the refusal of another model's name (unknown_model); None: the status's number, as vLLM's error
     # bodies carry it.
     unknown_model_code: str | None = None
+    # With n > 1 and a seed, choice i samples with the request's seed + i (so it is the reply the request gets alone
+    # with that seed); False: with a seed the simulator derives from the request's and the index.
+    choice_seed_plus_index: bool = False
 
 
 def _any_n(script: SimScript) -> int | None:
@@ -502,6 +505,9 @@ VLLM = Persona(
     # error event with code 400. The xgrammar backend's wording (v1/structured_output/backend_xgrammar.py).
     schema_refusal="The provided JSON schema contains features not supported by xgrammar.",
     schema_refusal_midstream=True,
+    # v1/engine/parallel_sampling.py ParentRequest: each child request copies the sampling parameters with n 1 and,
+    # where a seed was given, seed + its index.
+    choice_seed_plus_index=True,
 )
 
 SGLANG = Persona(
@@ -614,6 +620,9 @@ LLAMA_SERVER = Persona(
     # request with the only slot busy got its headers when the slot freed.
     headers_at="slot",
     lists_models_while_loading=True,
+    # server-task.h server_task::add_child: the i-th child task of an n > 1 request copies the parent's parameters
+    # and, where the seed is not the default (random) one, adds i to it; the parent keeps the seed sent.
+    choice_seed_plus_index=True,
 )
 
 OPENAI = Persona(

@@ -634,9 +634,10 @@ class SimApp:
         max_tokens: int | None,
     ) -> Choice:
         """Choice ``index`` of ``n``. With n > 1 each choice is sampled as if asked alone with its own seed (the
-        request's for the first, one derived from it and the index for the others; under the "vllm" persona the
-        request's + the index, as vLLM draws them, so a choice is the reply the same request would get alone with
-        that seed), so the choices differ and are the same on every run."""
+        request's for the first, one derived from it and the index for the others; under a persona whose server adds
+        the index to the seed (Persona.choice_seed_plus_index: vLLM, llama-server) the request's + the index, so a
+        choice is the reply the same request would get alone with that seed), so the choices differ and are the same
+        on every run."""
         script, persona = active.script, active.persona
         seed = body.get("seed")
         sample_body = body
@@ -653,7 +654,7 @@ class SimApp:
         elif n > 1:
             sample_body = {k: v for k, v in body.items() if k != "n"}
             if index > 0:
-                if persona.name == "vllm" and isinstance(seed, int) and not isinstance(seed, bool):
+                if persona.choice_seed_plus_index and isinstance(seed, int) and not isinstance(seed, bool):
                     seed = seed + index
                 else:
                     seed = stable_hash(seed, "choice", index) % 2**31
