@@ -571,6 +571,27 @@ async def test_response_format_types_each_server_takes(http: aiohttp.ClientSessi
         assert (await post(http, sim, response_format={"type": "structural_tag"}))[0] == 200
 
 
+async def test_sglang_refuses_a_grammar_as_its_scheduler_aborts_it(http: aiohttp.ClientSession) -> None:
+    # The scheduler aborts the request with status 400: a whole reply is an HTTP 400 in SGLang's flat error shape, a
+    # streamed one an error event with code 400 on an HTTP 200 stream, then [DONE].
+    rf = {"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "object"}}}
+    said = "Invalid grammar request: req.grammar_key=('json', '{\"type\": \"object\"}')"
+    async with SimServer(SimScript(persona="sglang", response_format="reject")) as sim:
+        status, body = await post(http, sim, response_format=rf)
+        events = await stream(http, sim, response_format=rf)
+    assert status == 400 and body == {
+        "object": "error",
+        "message": said,
+        "type": "BadRequestError",
+        "param": None,
+        "code": 400,
+    }
+    assert events == [
+        {"error": {"object": "error", "message": said, "type": "BAD_REQUEST", "param": None, "code": 400}},
+        "[DONE]",
+    ]
+
+
 async def test_llama_server_refuses_a_schema_bound_its_grammar_cannot_repeat(http: aiohttp.ClientSession) -> None:
     def schema(length: int, items: int) -> dict[str, Any]:
         text = {"type": "string", "maxLength": length}

@@ -46,6 +46,7 @@ from tmas.rl.scoring import RolloutInput
 from tmas.runner import prepare_run, run_problems
 from tmas.store.run_store import RunStore
 from tmas.testing import Rule, ScriptedModel, SimScript, SimServer
+from tmas.testing.script import PersonaName
 
 Q = "What is 17*23?"
 SUMMARY_JSON = [user("Reply with JSON.")]
@@ -433,13 +434,19 @@ async def test_auto_falls_back_once_per_endpoint_and_records_it(sim: SimServer, 
         assert [c.error for c in store.calls()] == [None, None, None]
 
 
+@pytest.mark.parametrize(
+    ("persona", "wording"),
+    [("vllm", "not supported by xgrammar"), ("sglang", "Invalid grammar request: req.grammar_key=('json', ")],
+)
 @pytest.mark.parametrize("stream", ["on", "off"])
-async def test_vllm_refusing_a_schema_in_its_stream_falls_back_as_an_http_refusal_does(stream: str) -> None:
-    """vLLM checks a request's schema as it enters the engine: a streamed request meets the refusal as an error event
-    after its headers, not as an HTTP 400. It is the same refusal: the call goes again at once without the schema, and
-    none goes to that server again."""
+async def test_a_schema_refused_in_the_stream_falls_back_as_an_http_refusal_does(
+    stream: str, persona: PersonaName, wording: str
+) -> None:
+    """vLLM checks a request's schema as it enters the engine, SGLang's scheduler as it compiles the grammar: a
+    streamed request meets the refusal as an error event after its headers, not as an HTTP 400. It is the same
+    refusal: the call goes again at once without the schema, and none goes to that server again."""
     stats = ClientStats()
-    with SimServer(SimScript(persona="vllm", response_format="reject")) as sim:
+    with SimServer(SimScript(persona=persona, response_format="reject")) as sim:
         settings = settings_for(sim, endpoint__stream=stream, endpoint__reasoning="none")
         async with LLMClient(settings, stats=stats) as llm:
             first = await llm.chat("verifier", [user("Grade A.")], reply_model=VerificationReply)
@@ -450,7 +457,7 @@ async def test_vllm_refusing_a_schema_in_its_stream_falls_back_as_an_http_refusa
     assert ["response_format" in b for b in bodies] == [True, False, False]
     # The same request, less its schema.
     assert {k: v for k, v in bodies[0].items() if k != "response_format"} == bodies[1]
-    assert "not supported by xgrammar" in stats.downgrades["structured_output"][sim.base_url]["sim-model"]
+    assert wording in stats.downgrades["structured_output"][sim.base_url]["sim-model"]
 
 
 async def test_a_second_client_records_the_endpoint_once(sim: SimServer, tmp_path: Path) -> None:

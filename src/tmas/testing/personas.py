@@ -15,6 +15,7 @@ the comment says so.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Literal
@@ -362,8 +363,8 @@ class Persona:
     grammar_repetitions: int | None = None
     grammar_refusal: str = ""
     # How a server that cannot follow a schema refuses it (SimScript.response_format = "reject"; "{kind}": the
-    # response_format's type), and whether a streamed request meets that refusal as an error event once its stream is
-    # open rather than as an HTTP error.
+    # response_format's type, "{grammar_key}": SGLang's grammar cache key for it), and whether a streamed request
+    # meets that refusal as an error event once its stream is open rather than as an HTTP error.
     schema_refusal: str = "response_format type {kind!r} is not supported by this server"
     schema_refusal_midstream: bool = False
     # ---- loading its model (SimScript.models_unavailable)
@@ -559,6 +560,13 @@ SGLANG = Persona(
     cache_block_tokens=1,
     cache_min_tokens=0,
     default_cache_tokens=400_000,
+    # A grammar its backend cannot compile: the scheduler aborts the request with status 400 and
+    # f"Invalid grammar request: {req.grammar_key=}" (managers/scheduler.py, the grammar queue; the key is ("json",
+    # the schema as a JSON string)). The tokenizer manager raises that abort as a ValueError for a whole reply (an HTTP
+    # 400 from serving_chat.py), but hands it to a stream, which sends it as an error event with code 400
+    # (serving_chat.py, create_streaming_error_response) on the HTTP 200 its first chunk opened.
+    schema_refusal="Invalid grammar request: req.grammar_key={grammar_key}",
+    schema_refusal_midstream=True,
 )
 
 LLAMA_SERVER = Persona(
@@ -674,6 +682,15 @@ OPENAI = Persona(
 )
 
 PERSONAS: dict[str, Persona] = {p.name: p for p in (SIM, VLLM, SGLANG, LLAMA_SERVER, OPENAI)}
+
+
+def schema_refusal(persona: Persona, response_format: Any) -> str:
+    """The persona's refusal of ``response_format`` (the request's) under SimScript.response_format = "reject"."""
+    kind = response_format.get("type") if isinstance(response_format, dict) else None
+    schema: Any = {"type": "object"}  # SGLang's stand-in for json_object (serving_chat.py)
+    if kind == "json_schema":
+        schema = (response_format.get("json_schema") or {}).get("schema")
+    return persona.schema_refusal.format(kind=kind, grammar_key=repr(("json", json.dumps(schema))))
 
 
 def schema_repetitions(node: Any) -> int:

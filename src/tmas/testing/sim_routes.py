@@ -25,7 +25,7 @@ from aiohttp.typedefs import Handler
 
 from tmas.testing.context_limits import context_refusal, window_budget
 from tmas.testing.long_replies import long_choice, request_digest
-from tmas.testing.personas import Persona, cache_capacity, persona_of, schema_repetitions
+from tmas.testing.personas import Persona, cache_capacity, persona_of, schema_refusal, schema_repetitions
 from tmas.testing.prefix_cache import PrefixCache, SlotCache, prompt_tokens
 from tmas.testing.replies import DONE, Choice, Reply, sse
 from tmas.testing.responders import (
@@ -365,7 +365,7 @@ class SimApp:
             and asked.streams
         ):
             # A refusal the server meets only once the stream is open (Persona.schema_refusal_midstream).
-            event = status_error(persona.name, 400, persona.schema_refusal.format(kind="json_schema"))
+            event = status_error(persona.name, 400, schema_refusal(persona, asked.body["response_format"]))
             return await self._error_event(await self._open_stream(request), event)
         refused = await self._context_refusal(request, active, asked, prompt_tokens)
         if refused is not None:
@@ -449,7 +449,7 @@ class SimApp:
             if persona.response_formats is not None and kind not in persona.response_formats:
                 raise _BadRequest(f"response_format type {kind!r} is not supported by this server")
             if script.response_format == "reject" and not (persona.schema_refusal_midstream and streams(script, body)):
-                raise _BadRequest(persona.schema_refusal.format(kind=kind))
+                raise _BadRequest(schema_refusal(persona, rf))
             limit = persona.grammar_repetitions
             schema = rf.get("json_schema", {}).get("schema") if kind == "json_schema" else None
             if limit is not None and schema_repetitions(schema) > limit:
