@@ -332,3 +332,11 @@ def test_the_personas_refusals_are_read_without_http(persona: str, wording: str,
         assert stated is None
     else:
         assert stated == prompt
+
+
+def test_a_page_that_is_not_json_is_said_in_one_line() -> None:
+    # An HTML page without a title gives its first heading; plain text is joined onto one line.
+    page = "<html><body>\n<h1>504 Gateway Time-out</h1>\nThe server didn't respond in time.\n</body></html>"
+    said = str(failures.from_status(504, page, {}))
+    assert said == "HTTP 504: 504 Gateway Time-out (an HTML page, not an API error: a proxy or web server answered)"
+    assert str(failures.from_status(500, "Internal\r\n  Server Error\n", {})) == "HTTP 500: Internal Server Error"

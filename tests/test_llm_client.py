@@ -88,6 +88,41 @@ async def test_exhausted_retries_are_recorded_as_failed(sim: SimServer, tmp_path
         assert store.lookup_call(stored.request_hash, 0, stored.key.iteration) is None
 
 
+# nginx's error pages, as a proxy in front of the server sends them.
+NGINX_PAGE = (
+    "<html>\r\n<head><title>{status}</title></head>\r\n<body>\r\n<center><h1>{status}</h1></center>\r\n"
+    "<hr><center>nginx/1.24.0</center>\r\n</body>\r\n</html>\r\n"
+)
+
+
+@pytest.mark.parametrize("stream", ["auto", "off"])
+async def test_a_proxys_error_pages_are_retried_and_said_in_one_line(
+    sim: SimServer, tmp_path: Path, stream: str
+) -> None:
+    # A proxy answers 502 twice (its server restarting), then the server answers: each retry has its cause.
+    page = NGINX_PAGE.format(status="502 Bad Gateway")
+    sim.set_script(SimScript(rules=[Rule(error_status=502, error_page=page, times=2)]))
+    settings = settings_for(sim, endpoint__stream=stream)
+    async with open_model(settings) as llm:
+        reply = await llm.chat("solution", QUESTION)
+    assert reply.ok and "391" in reply.content
+    assert (reply.attempts, reply.retry_causes, sim.stats().total_requests) == (3, ["http_502", "http_502"], 3)
+    # A proxy that keeps answering 504: the call fails once its attempts are spent, its error one line naming the
+    # page's title, not the page's markup.
+    sim.set_script(
+        SimScript(rules=[Rule(error_status=504, error_page=NGINX_PAGE.format(status="504 Gateway Time-out"))])
+    )
+    sim.reset()
+    with RunStore(tmp_path) as store:
+        async with open_model(settings, store) as llm:
+            failed = await llm.chat("solution", QUESTION)
+        [stored] = store.calls()
+    assert failed.error is not None and stored.error == failed.error
+    assert "\n" not in failed.error and "<" not in failed.error
+    assert "HTTP 504" in failed.error and "504 Gateway Time-out (an HTML page" in failed.error
+    assert (failed.retry_causes, sim.stats().total_requests) == (["http_504"] * 3, 4)
+
+
 async def test_unreachable_endpoint_raises() -> None:
     settings = settings_for()
     with dead_url() as dead:

@@ -277,12 +277,16 @@ def refused_field(message: str) -> tuple[str, str | None] | None:
 
 
 def error_message(text: str) -> str:
-    """The server's own error message where it sent one in OpenAI's (or SGLang's flat) shape, else the body's
-    start."""
+    """The server's own error message where it sent one in OpenAI's (or SGLang's flat) shape, else the body's start
+    on one line: of an HTML page (a proxy's or web server's, such as nginx's "502 Bad Gateway"), its title."""
     try:
         data = json.loads(text)
     except ValueError:
-        return text.strip()[:300] or "(empty body)"
+        if _HTML.search(text):
+            heading = _HTML_HEADING.search(text)
+            said = _one_line(_TAG.sub(" ", next(g for g in heading.groups() if g is not None) if heading else text))
+            return f"{said[:200] or '(no text)'} (an HTML page, not an API error: a proxy or web server answered)"
+        return _one_line(text)[:300] or "(empty body)"
     if isinstance(data, dict):
         error = data.get("error")
         if isinstance(error, dict) and error.get("message"):
@@ -292,6 +296,16 @@ def error_message(text: str) -> str:
         if data.get("message"):
             return str(data["message"])[:300]
     return text.strip()[:300]
+
+
+# An HTML page (a proxy's error page), its title or first heading, and its tags.
+_HTML = re.compile(r"<\s*(?:!doctype\s+html|html|head|body|title)\b", re.I)
+_HTML_HEADING = re.compile(r"<title[^>]*>(.*?)</title>|<h1[^>]*>(.*?)</h1>", re.I | re.S)
+_TAG = re.compile(r"<[^>]*>")
+
+
+def _one_line(text: str) -> str:
+    return " ".join(text.split())
 
 
 def _error_object(text: str) -> dict[str, Any] | None:

@@ -145,6 +145,10 @@ class Rule(_Strict):
     # "code"}}``, e.g. code ``insufficient_quota``), as the reply or as the stream's error event. None: the persona's
     # shape carrying ``error_message``.
     error_body: dict[str, Any] | None = None
+    # An HTML page sent instead, as a proxy in front of the server answers with ``error_status`` (nginx's "502 Bad
+    # Gateway" while the server restarts, its "504 Gateway Time-out" for a request the server kept past the proxy's
+    # read timeout): a refusal before any generation, streamed or not.
+    error_page: str | None = None
     # With a fault that breaks a stream part way ("stall", "freeze", "cut", "stream_error"): the tokens that stream
     # before it (the events up to that many). None: the opening chunk and the first delta.
     fault_after_tokens: int | None = Field(default=None, ge=0)

@@ -222,8 +222,8 @@ class ScriptedModel:
         """A rule's ``error_status`` without a fault: the simulator refuses the request with that status and body
         before any generation, and the call fails as the HTTP client fails it on that refusal (after its retries
         where it retries one; a spent quota raises :class:`tmas.llm.model.QuotaSpent`, ending the run)."""
-        body = rule_error(persona_of(self.script).name, rule, status)
-        failure = from_status(status, json.dumps(body), request.body(structured=True))
+        body = rule.error_page or json.dumps(rule_error(persona_of(self.script).name, rule, status))
+        failure = from_status(status, body, request.body(structured=True))
         if failure.cause == "quota":
             raise QuotaSpent(f"endpoint {self._endpoint(role)['url']} refused role {role!r}: {failure}")
         return Completion(

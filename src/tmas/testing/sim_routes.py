@@ -389,6 +389,8 @@ class SimApp:
         if rule is not None and rule.error_status is not None and fault is None:
             # Refused before any generation: the status and its body, streamed or not.
             self.recorder.count_fault(f"http_{rule.error_status}")
+            if rule.error_page is not None:
+                return web.Response(text=rule.error_page, status=rule.error_status, content_type="text/html")
             return web.json_response(rule_error(persona.name, rule, rule.error_status), status=rule.error_status)
         opened = await self._generation_turn(request, active, asked, rule, turn, prompt_tokens)
         # A rule's error_status: the stream_error fault carries that status, in the persona's shape.
