@@ -194,3 +194,41 @@ async def test_the_judge_called_from_a_running_event_loop_answers_on_its_own_mod
     judge = LLMNoveltyJudge(model.settings, model=model)
     [outcome] = judge([explore("ROUTE-NEW ... so \\boxed{391}")])
     assert outcome.novelty == 1 and len(model.calls_of("judge")) == 1
+
+
+def test_unusable_replies_in_a_group_are_wrong_and_a_uniform_group_has_no_advantage() -> None:
+    from tmas.rl.dynamic_sampling import groups_with_spread
+    from tmas.rl.rewards import Variant, group_advantages
+
+    def rollout(group: str, variant: Variant, completion: str) -> RolloutInput:
+        return RolloutInput(
+            task="experience",
+            group=group,
+            variant=variant,
+            question="What is 17*23?",
+            ground_truth="391",
+            completion=completion,
+        )
+
+    # An empty reply, a box never closed, an empty box and a reply cut inside its thinking have no answer: r_i = -1.
+    base = ["", "\\boxed{391", "So \\boxed{}.", "\\boxed{391}"]
+    bank = ["<think>17*23: maybe \\boxed{391}, check", "\\boxed{391}", "It is \\boxed{391}.", "   "]
+    batch = [rollout("a", "base", c) for c in base] + [rollout("a", "bank", c) for c in bank]
+    # Eq. 7: p_base = 1/4. Eq. 8: a correct Bank rollout gets 1 + 0.6 * (1 - 1/4) = 1.45.
+    rewards = [b.reward for b in score_rollouts(batch)]
+    assert rewards == pytest.approx([-1, -1, -1, 1, -1, 1.45, 1.45, -1])
+    # Eq. 6 (population sigma): mu = (-5 + 1 + 2.9) / 8 = -0.1375; deviations -0.8625 (x5), 1.1375, 1.5875 (x2);
+    # sigma^2 = (5 * 0.74390625 + 1.29390625 + 2 * 2.52015625) / 8 = 1.25671875, sigma = 1.1210347.
+    assert group_advantages(rewards) == pytest.approx(
+        [-0.76938] * 3 + [1.01469] + [-0.76938] + [1.41610] * 2 + [-0.76938], abs=1e-5
+    )
+
+    # Every rollout wrong (eq. 8: all -1) or every rollout right (p_base = 1, so no bonus: all +1): sigma = 0, so
+    # eq. 6 gives every rollout A = 0, and dynamic sampling finds no spread in the group.
+    wrong = [rollout("w", v, "\\boxed{390}") for v in ("base", "base", "bank", "bank")]
+    right = [rollout("r", v, "\\boxed{391}") for v in ("base", "base", "bank", "bank")]
+    uniform = [b.reward for b in score_rollouts(wrong + right)]
+    assert uniform == [-1.0] * 4 + [1.0] * 4
+    assert group_advantages(uniform[:4]) == group_advantages(uniform[4:]) == [0.0] * 4
+    assert groups_with_spread(uniform, 4) == [False, False]
+    assert groups_with_spread(rewards, 8) == [True]
