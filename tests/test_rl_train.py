@@ -67,6 +67,11 @@ def test_prompt_groups_pair_base_and_bank() -> None:
     assert prompt_groups(infos) == [[0], [2, 1], [3]]
     with pytest.raises(ValueError, match="expected one base and one bank"):
         prompt_groups([{"group": "x", "variant": "base"}, {"group": "x", "variant": "base"}])
+    # An experience row without its other half: its group's rollouts would all be Base (or all Bank), and eq. 7-8
+    # need both halves of one group.
+    for variant in ("base", "bank"):
+        with pytest.raises(ValueError, match=rf"group 'x': rows \[0\] with variants \['{variant}'\]; expected one"):
+            prompt_groups([{"group": "x", "task": "experience", "variant": variant}])
 
 
 def test_sampler_keeps_groups_whole_and_contiguous() -> None:
@@ -254,6 +259,9 @@ def test_rows_the_rewards_cannot_read_are_refused_before_training(tmp_path: Path
     no_variant = {**good[1], "extra_info": {**good[1]["extra_info"], "variant": None}}
     assert "row 0: an experience row whose variant is not base or bank" in refused([no_variant, good[2]])
     assert "group 'run/p2/1/experience'" in refused([good[1], good[1]])  # two Base rows, no Bank
+    # A Base or Bank row whose other half is not in the file: refused here, not at the step that first draws it.
+    assert "bad.parquet: group 'run/p2/1/experience': rows [1] with variants ['base']" in refused(good[:2])
+    assert "bad.parquet: group 'run/p2/1/experience': rows [1] with variants ['bank']" in refused([good[0], good[2]])
 
 
 def test_group_alignment_is_checked(tmp_path: Path) -> None:

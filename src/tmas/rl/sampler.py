@@ -21,13 +21,15 @@ from typing import Any
 
 
 def prompt_groups(extra_info: Sequence[dict[str, Any]]) -> list[list[int]]:
-    """Row indices per ``extra_info.group``, in first-seen order; an experience group must be (base, bank)."""
+    """Row indices per ``extra_info.group``, in first-seen order; an experience group must be (base, bank): a Base
+    or Bank row alone would fill its GRPO group with one half, which eq. 7-8 cannot score."""
     groups: dict[str, list[int]] = {}
     for index, info in enumerate(extra_info):
         groups.setdefault(str(info["group"]), []).append(index)
     for group, rows in groups.items():
         variants = [extra_info[i].get("variant") for i in rows]
-        if len(rows) > 1 and sorted(v or "" for v in variants) != ["bank", "base"]:
+        experience = any(extra_info[i].get("task") == "experience" for i in rows)
+        if (len(rows) > 1 or experience) and sorted(v or "" for v in variants) != ["bank", "base"]:
             raise ValueError(f"group {group!r}: rows {rows} with variants {variants}; expected one base and one bank")
         if len(rows) == 2 and variants[0] == "bank":
             rows.reverse()
