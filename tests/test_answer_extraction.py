@@ -43,6 +43,10 @@ from tmas.problems import Problem
             "boxed",
         ),
         ("\\boxed{\\{1, 2\\}} in all", "\\{1, 2\\}", "boxed"),
+        # A box inside a box is the outer box's answer, unboxed: no second answer joined to it.
+        ("So \\boxed{\\boxed{4}}.", "4", "boxed"),
+        ("\\boxed{x = \\boxed{4}}", "x = 4", "boxed"),
+        ("\\boxed{3} and \\boxed{\\boxed{4}}", "3, 4", "boxed"),
         ("\\boxed{\\begin{matrix} 1 \\\\{2} \\end{matrix}} in all", "\\begin{matrix} 1 \\\\{2} \\end{matrix}", "boxed"),
         ("Step: \\boxed{2}. Step: \\boxed{5}.\n\nSo the result is \\boxed{\\{1, 2\\}}", "\\{1, 2\\}", "boxed"),
         ("So 2 + 2 = 4.\nFinal answer: 4", "4", "stated"),

@@ -80,19 +80,34 @@ def closing_braces(text: str, start: int = 0) -> dict[int, int]:
 def _boxes(text: str) -> list[tuple[int, int, str]]:
     """Each closed ``\\boxed{...}`` (nested braces allowed): its start, its end and its stripped content. The literal
     braces ``\\{`` and ``\\}`` group nothing: a set "\\{1, 2\\}", a case split "\\left\\{ ... \\right." opened and
-    never closed."""
+    never closed. A box inside a box is no answer of its own: the outer box holds it, unboxed ("\\boxed{\\boxed{4}}"
+    is the answer 4)."""
     boxes = list(_BOXED.finditer(text))
     if not boxes:
         return []
     # Each brace's match, in one pass (a long reply may open many boxes and close none).
     closing = closing_braces(text, boxes[0].end() - 1)
-    out = []
+    out: list[tuple[int, int, str]] = []
     for match in boxes:
         start = match.end()
         end = closing.get(start - 1)
-        if end is not None:
-            out.append((match.start(), end + 1, text[start:end].strip()))
+        if end is None or (out and match.start() < out[-1][1]):
+            continue
+        content = text[start:end]
+        if _BOXED.search(content):
+            content = _unboxed(content)
+        out.append((match.start(), end + 1, content.strip()))
     return out
+
+
+def _unboxed(text: str) -> str:
+    """``text`` with each closed box in it replaced by its content."""
+    parts = []
+    at = 0
+    for box_start, box_end, content in _boxes(text):
+        parts += [text[at:box_start], content]
+        at = box_end
+    return "".join([*parts, text[at:]])
 
 
 def boxed_values(text: str) -> list[str]:
