@@ -682,3 +682,25 @@ async def test_a_resumed_runs_remainder_under_a_configured_seed_draws_the_choice
     await aresume(tmp_path / "run", params={"k": 5})
     # Samples 3 and 4: choices 10 and 11, as one request of 5 would have drawn them; not 7 and 8 again.
     assert [(b["n"], b["seed"]) for b in sim.chat_bodies("solution")] == [(2, 10)]
+
+
+@pytest.mark.parametrize("batch", ["on", "off"])
+async def test_a_run_stored_when_every_sample_went_with_the_configured_seed_replays_on_resume(
+    sim: SimServer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, batch: str
+) -> None:
+    # Versions before sample j went with seed + j sent every sample of a prompt the configured seed as it was, and
+    # stored each under its own request with that seed. Resumed, samples 1..k-1 were looked up under seed + j only,
+    # found nothing and were asked again: the run lost finished work.
+    sim.set_script(SimScript(persona="vllm"))
+    settings = majority(sim, 4, sampling__seed=7, endpoint__batch_samples=batch)
+    with monkeypatch.context() as old:
+        old.setattr("tmas.methods.base.for_sample", lambda resolved, sample: resolved)
+        await asolve(Q, settings, run_dir=tmp_path / "run")
+    before = [(c.key.sample, s["seed"], c.content) for c, s in stored(tmp_path / "run")]
+    assert [seed for _, seed, _ in before] == [7, 7, 7, 7]
+    with sqlite3.connect(tmp_path / "run" / "run.sqlite") as db:
+        db.execute("DELETE FROM results")
+    sim.reset()
+    await aresume(tmp_path / "run")
+    assert sim.chat_bodies("solution") == []
+    assert [(c.key.sample, s["seed"], c.content) for c, s in stored(tmp_path / "run")] == before

@@ -19,6 +19,7 @@ from tmas.llm.sampling import (
     SAMPLE_SEEDS,
     SOURCES,
     derived_base,
+    earlier_configured_seeds,
     for_sample,
     resolve_role,
     resolve_sampling,
@@ -219,3 +220,17 @@ def test_a_retrys_seed_is_never_another_samples_of_the_same_prompt() -> None:
     far = next(s for s in range(1_000_000) if abs(first_draw(s) - s) >= SAMPLE_SEEDS)
     assert retried(resolve_sampling([("config", Sampling(seed=far))]), 1).sampling.seed == first_draw(far)
     assert retried(resolve_sampling([("config", Sampling(seed=far))]), 0).sampling.seed == far
+
+
+def test_the_seeds_earlier_versions_sent_under_a_configured_seed_name_none_a_new_run_sends_for_another_call() -> None:
+    # Earlier versions sent every sample the configured seed (7) on its first attempt, and a retry either 7 again or
+    # the seed drawn from 7 and the attempt. A resumed run looks its calls up under those too.
+    def first_draw(seed: int, attempt: int) -> int:
+        return int.from_bytes(hashlib.sha256(repr((seed, attempt)).encode()).digest()[:4], "big") >> 1
+
+    assert earlier_configured_seeds(7, 3, 0) == (7,)
+    assert earlier_configured_seeds(7, 3, 2) == (first_draw(7, 2), 7)
+    # Draw 0 is sent 7 on its first attempt by this version too: nothing earlier to look for. Its retry under the same
+    # key is never looked up under 7, where this version keeps the unusable first reply.
+    assert earlier_configured_seeds(7, 0, 0) == ()
+    assert earlier_configured_seeds(7, 0, 1) == (first_draw(7, 1),)

@@ -27,7 +27,7 @@ from tmas.grading.grader import GradingContext, StoredGrades, Verdicts
 from tmas.grading.grades import GradeConfig, Item, ItemKey
 from tmas.grading.rules import NO_ANSWER, has_answer
 from tmas.llm.model import ChatModel
-from tmas.llm.sampling import DERIVED_SEED, derived_base, for_sample, retried
+from tmas.llm.sampling import DERIVED_SEED, derived_base, earlier_configured_seeds, for_sample, retried
 from tmas.llm.types import CallKey, Usage
 from tmas.store.run_store import GradeRow
 
@@ -184,7 +184,11 @@ async def judge_once(
         sampling = retried(for_sample(configured, run), attempt)
         if derived:
             # Verdicts stored by a version that derived each run's and retry's seed on its own still replay.
-            sampling = sampling.model_copy(update={"earlier_seed": _earlier_seed(problem_id, student, run, attempt)})
+            earlier: tuple[int, ...] = (_earlier_seed(problem_id, student, run, attempt),)
+        else:
+            # Verdicts stored by a version that sent every run the configured seed still replay.
+            earlier = earlier_configured_seeds(configured.sampling.seed or 0, run, attempt)
+        sampling = sampling.model_copy(update={"earlier_seeds": earlier})
         reply = await llm.chat(JUDGE_ROLE, messages, key=key, sampling=sampling, reply_model=JudgeReplyFormat)
         usage = usage + reply.usage
         if not reply.ok:

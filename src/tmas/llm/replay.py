@@ -80,9 +80,11 @@ class StoreReplay(WrappedModel):
         request = ChatRequest.build(self.inner.model_name(role), messages, sampling)
         request_hash = request.request_hash(key)
         stored = self.store.lookup_call(request_hash, key.sample, key.iteration, stopped_early=watch is not None)
-        if stored is None and sampling.earlier_seed is not None:
-            # Stored by a version that derived each call's seed on its own: its reply is this call's all the same.
-            earlier = sampling.sampling.model_copy(update={"seed": sampling.earlier_seed})
+        for seed in sampling.earlier_seeds:
+            if stored is not None:
+                break
+            # Stored by a version that sent this call with another seed: its reply is this call's all the same.
+            earlier = sampling.sampling.model_copy(update={"seed": seed})
             earlier_hash = request.model_copy(update={"sampling": earlier}).request_hash(key)
             stored = self.store.lookup_call(earlier_hash, key.sample, key.iteration, stopped_early=watch is not None)
         if stored is not None:

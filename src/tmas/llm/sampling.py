@@ -66,9 +66,11 @@ class ResolvedSampling(BaseModel):
 
     sampling: Sampling = Field(default_factory=Sampling)
     sources: dict[str, str] = Field(default_factory=dict)
-    # The seed versions before seeds were derived per prompt and step (:func:`derived_base`) derived for this call:
-    # a stored run made by one still replays its calls (:class:`tmas.llm.replay.StoreReplay`). Never sent.
-    earlier_seed: int | None = None
+    # The seeds earlier versions sent this call with, where they differ from this version's: a derived seed of the
+    # versions before seeds were derived per prompt and step (:func:`earlier_derived_seed`), a configured seed of
+    # those before sample j went with seed + j (:func:`earlier_configured_seeds`). A stored run made by one still
+    # replays its calls (:class:`tmas.llm.replay.StoreReplay`). Never sent.
+    earlier_seeds: tuple[int, ...] = ()
 
     def over(self, source: str, sampling: Sampling | None) -> ResolvedSampling:
         """This resolution with ``sampling`` laid on top as ``source`` (fields it leaves unset or None are kept)."""
@@ -96,6 +98,26 @@ def earlier_derived_seed(*parts: object) -> int:
     """The seed versions before :func:`derived_base` derived for a call from ``parts`` (the run seed, the problem, the
     iteration, ``"call"``, the role and the sample index), each call its own."""
     return int.from_bytes(hashlib.sha256(repr(parts).encode()).digest()[:4], "big") >> 1
+
+
+def earlier_configured_seeds(seed: int, draw: int, attempt: int) -> tuple[int, ...]:
+    """The seeds earlier versions sent with ``seed`` configured for draw ``draw`` of a prompt, asked ``attempt`` times
+    before, where this version sends :func:`for_sample` and :func:`retried`'s: the versions before sample ``j`` went
+    with seed + ``j`` sent ``seed`` on a first attempt and a seed drawn from ``seed`` and the attempt on a retry
+    (:func:`earlier_retried`), and those before a retry changed the seed sent ``seed`` on a retry too.
+
+    ``seed`` itself is named only for a draw other than 0: this version sends it with draw 0's first attempt alone, so
+    a stored call found under it for another draw is an earlier version's. (Draw 0 asked again under the same key, a
+    prompt whose reply was unusable, sent ``seed`` again in the versions before a retry changed the seed: found under
+    it, it would be the unusable first reply, so it is asked.)"""
+    earlier = (earlier_retried(seed, attempt),) if attempt else ()
+    return (*earlier, seed) if draw else earlier
+
+
+def earlier_retried(seed: int, attempt: int) -> int:
+    """The seed versions before sample ``j`` went with seed + ``j`` sent on attempt ``attempt`` of a call whose seed
+    was configured as ``seed`` (:func:`retried`'s draw, not kept away from the other samples' seeds)."""
+    return int.from_bytes(hashlib.sha256(repr((seed, attempt)).encode()).digest()[:4], "big") >> 1
 
 
 def for_sample(resolved: ResolvedSampling, sample: int) -> ResolvedSampling:

@@ -33,6 +33,7 @@ from tmas.llm.sampling import (
     DERIVED_SEED,
     ResolvedSampling,
     derived_base,
+    earlier_configured_seeds,
     earlier_derived_seed,
     for_sample,
     retried,
@@ -353,11 +354,18 @@ class ProblemSession:
         # The seed goes plus the sample's index (sample j: seed + j, as vLLM draws choice j of one request), so a
         # prompt's samples differ and draw alike alone, batched or resumed; it is changed for a prompt asked again:
         # the same seed would draw the same unusable reply.
-        resolved = retried(for_sample(resolved, sample if draw is None else draw), attempt)
+        index = sample if draw is None else draw
+        seed = resolved.sampling.seed
+        resolved = retried(for_sample(resolved, index), attempt)
         if derived:
             # A run stored before seeds were derived per prompt and step replays its calls under their own seeds.
-            earlier = earlier_derived_seed(self.seed, self.problem.problem_id, self.iteration, "call", role, sample)
-            resolved = resolved.model_copy(update={"earlier_seed": earlier})
+            earlier: tuple[int, ...] = (
+                earlier_derived_seed(self.seed, self.problem.problem_id, self.iteration, "call", role, sample),
+            )
+        else:
+            # A run stored before sample j went with the configured seed + j replays its calls under the seeds sent.
+            earlier = earlier_configured_seeds(seed or 0, index, attempt)
+        resolved = resolved.model_copy(update={"earlier_seeds": earlier})
         reserve = await self._admit(resolved, messages)
         self.calls_in_flight += 1
         self._hold(reserve, +1)
