@@ -13,6 +13,7 @@ from tmas.grading.grader import GradingContext
 from tmas.grading.grades import SELECTED, GradeConfig, Grades, Item
 from tmas.grading.judge import judge_once
 from tmas.grading.registry import GRADERS
+from tmas.llm.replay import StoreReplay
 from tmas.problems import Problem
 from tmas.store.run_store import GradeRow, RunStore
 from tmas.testing import Rule, ScriptedModel, SimScript
@@ -110,3 +111,24 @@ async def test_a_verdict_the_judge_only_quotes_from_the_answer_is_no_verdict() -
     judge = ScriptedModel(SimScript(rules=[Rule(role="judge", replies=[own])]), scripted_settings())
     verdict = await judge_once(judge, problem_id="a", problem=QUESTION, reference="42", student=student, run=0)
     assert verdict.correct is False and verdict.attempts == 1
+
+
+async def test_verdicts_stored_when_every_run_went_with_the_configured_seed_replay(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Versions before run j went with seed + j sent every run of the judge the configured seed and stored it so;
+    # asked again, runs 1 and up were looked up under seed + j only and sent to the judge again.
+    script = SimScript(rules=[Rule(role="judge", replies=['{"reasoning": "same", "equivalent": true}'])])
+    judge = ScriptedModel(script, scripted_settings(sampling__seed=7))
+    pair = {"problem_id": "a", "problem": QUESTION, "reference": "42", "student": "\\boxed{42}"}
+    with RunStore(tmp_path / "run") as store:
+        llm = StoreReplay(judge, store)
+        with monkeypatch.context() as old:
+            old.setattr("tmas.grading.judge.for_sample", lambda resolved, sample: resolved)
+            for run in range(3):
+                await judge_once(llm, **pair, run=run)
+        sent = judge.calls_of("judge")
+        assert [c.sampling.seed for c in sent] == [7, 7, 7]
+        for run in range(3):
+            assert (await judge_once(llm, **pair, run=run)).correct is True
+        assert judge.calls_of("judge") == sent
