@@ -45,6 +45,7 @@ from tmas.llm.hf_grammar import SchemaMask, allowed_of, schema_text
 from tmas.llm.hf_model import THINKS_INLINE, HFChatModel, open_hf_model, request_sampling, unsupported
 from tmas.llm.hf_sampling import GREEDY, RequestSampling
 from tmas.llm.reasoning import reply_place
+from tmas.llm.replay import StoreReplay
 from tmas.llm.replies import completion as read_completion
 from tmas.llm.sampling import DERIVED_SEED, ResolvedSampling
 from tmas.llm.schema import json_schema, response_format
@@ -53,6 +54,7 @@ from tmas.llm.types import CallKey, ChatRequest, Completion, Message
 from tmas.llm.weights import package_dir, resolve_model
 from tmas.methods import METHODS
 from tmas.serve.launch import ServeOptions
+from tmas.store.call_log import DRAWN_SEED
 from tmas.store.run_store import RunStore
 from tmas.testing.web_servers import ProxyThread
 
@@ -278,6 +280,23 @@ async def test_each_sampling_field_reaches_the_engine_and_the_counts_are_its_own
     assert completion.usage.estimated is False
     assert completion.finish_reason == ("length" if len(reply.tokens) == 9 else "stop")
     assert (completion.endpoint, completion.model) == ("in-process", MODEL)
+
+
+@pytest.mark.slow
+@needs_weights
+async def test_a_call_without_a_seed_is_stored_with_the_seed_the_engine_drew(engine: HFEngine, tmp_path: Path) -> None:
+    # A call that names no seed is drawn with a fresh one: the stored call kept none, so neither a reader of the run
+    # nor a later run could draw its reply again.
+    llm = model_on(engine, sampling={"temperature": 0.9, "max_tokens": 9})
+    with RunStore(tmp_path / "run") as store:
+        completion = await StoreReplay(llm, store).chat("solution", MESSAGES, key=CallKey(role="solution"))
+        [drawn] = engine.submitted[-1].samples
+        assert store.call_sampling(completion.call_id or 0)["seed"] == drawn.seed
+        assert (store.call_sampling_sources(completion.call_id or 0) or {})["seed"] == DRAWN_SEED
+    # The same prompt drawn again with the stored seed gives the stored reply.
+    prompt = engine.prompt_ids([m.model_dump() for m in MESSAGES])
+    [reply] = await engine.generate(prompt, [drawn], 9)
+    assert completion.ok and completion.content == reply.text.strip()
 
 
 @pytest.mark.slow

@@ -225,7 +225,8 @@ class HFChatModel:
                 message = f"the prompt has {len(prompt)} tokens; {bound}"
                 return [self._failed(request, keys[0], message, "context")]
             max_tokens = min(max_tokens, window - len(prompt))
-        samples = [request_sampling(r.sampling, schema) for r in (requests or [request])]
+        asked = requests or [request]
+        samples = [request_sampling(r.sampling, schema) for r in asked]
         off = thinking_off(extra)
         so_far: list[EngineReply] = []
         try:
@@ -250,10 +251,16 @@ class HFChatModel:
             if place is not None and not (place == "none" and off):
                 self._saw_reasoning(place)
         lowered = max_tokens if max_tokens != wanted else None
-        return [
+        done = [
             self._completion(key, reply, len(prompt) if i == 0 else 0, latency, lowered, off)
             for i, (key, reply) in enumerate(zip(keys, replies, strict=True))
         ]
+        for completion, sent, drawn in zip(done, asked, samples, strict=True):
+            if sent.sampling.seed is None:
+                # A call that named no seed was drawn with a fresh one: stored with the call, its reply can be drawn
+                # again.
+                completion.drawn_seed = drawn.seed
+        return done
 
     def _saw_reasoning(self, place: Reasoning | None) -> None:
         """Where the model's replies put reasoning (tmas.llm.reasoning.reply_place): inline, once seen, for good."""

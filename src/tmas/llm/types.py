@@ -289,6 +289,9 @@ class Completion(BaseModel):
     # first chunk (its queue and the prompt's prefill): None where not measured (replayed from older runs).
     queued_s: float | None = None
     first_token_s: float | None = None
+    # The seed the model drew the reply with where the call named none and the model says which (the in-process
+    # model draws one per call): stored as the call's seed, so the reply can be drawn again. Not read back.
+    drawn_seed: int | None = None
 
     @field_validator("content", "reasoning", "error")
     @classmethod

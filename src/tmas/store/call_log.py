@@ -9,9 +9,13 @@ import time
 from collections.abc import Iterator
 from typing import Any
 
+from tmas.config import Sampling
 from tmas.llm.types import CallKey, ChatRequest, Completion, TokenLogprob, Usage
 from tmas.store.database import transaction
 from tmas.store.texts import Part, TextBlobs, blob_ids, join
+
+# The source stored for a seed the model drew where the call named none (Completion.drawn_seed).
+DRAWN_SEED = "drawn by the model"
 
 # The texts of a reply in text_parts (the call's messages are read only by CallLog.messages).
 _REPLY_TEXTS = ("content", "reasoning", "logprobs")
@@ -59,7 +63,7 @@ class CallLog:
                 c.endpoint,
                 c.model,
                 "",
-                request.sampling.model_dump_json(),
+                _stored_sampling(c, request).model_dump_json(),
                 "",
                 "",
                 u.prompt_tokens,
@@ -76,7 +80,7 @@ class CallLog:
                 json.dumps(c.retry_causes),
                 None,
                 u.cached_prompt_tokens,
-                json.dumps(request.sampling_sources, sort_keys=True),
+                json.dumps(_stored_sources(c, request), sort_keys=True),
                 c.stopped_early,
                 text_parts,
                 c.queued_s,
@@ -185,3 +189,16 @@ class CallLog:
             queued_s=row[25],
             first_token_s=row[26],
         )
+
+
+def _stored_sampling(c: Completion, request: ChatRequest) -> Sampling:
+    """The call's sampling as stored: the request's, with the seed the model drew where the request named none."""
+    if request.sampling.seed is not None or c.drawn_seed is None:
+        return request.sampling
+    return request.sampling.model_copy(update={"seed": c.drawn_seed})
+
+
+def _stored_sources(c: Completion, request: ChatRequest) -> dict[str, str]:
+    if request.sampling.seed is not None or c.drawn_seed is None:
+        return request.sampling_sources
+    return {**request.sampling_sources, "seed": DRAWN_SEED}
