@@ -35,10 +35,12 @@ SETTINGS: list[tuple[str, dict[str, Any]]] = [
 ]
 
 
-async def _pilot_and_run(method: str, params: dict[str, Any], tmp_path: Path) -> tuple[float, float, float, int]:
+async def _pilot_and_run(
+    method: str, params: dict[str, Any], tmp_path: Path, budget: dict[str, int] | None = None
+) -> tuple[float, float, float, int]:
     """The estimate of ``PROBLEMS`` from a pilot on them (two iterations at most), its max_tokens ceiling, the
-    completion tokens a run of them spent, and the pilot's calls."""
-    settings = scripted_settings(method={"name": method, "params": params})
+    completion tokens a run of them spent, and the pilot's calls (under ``budget``, where given)."""
+    settings = scripted_settings(method={"name": method, "params": params}, budget=budget or {})
     pilot = ScriptedModel(SimScript(), settings)
     rates = await run_pilot([("run", settings)], PROBLEMS, tmp_path / "pilot", model=pilot)
     solver = create_method(method, params)
@@ -58,6 +60,25 @@ async def test_a_pilots_estimate_is_what_a_run_spends(method: str, params: dict[
     # The pilot saw the run's own problems: where it ran them whole, the estimate is their spend; where it cut them at
     # its second iteration, the rest is the mean per call of the calls the structure states beyond it.
     assert spent * 0.95 <= expected <= spent * 1.05, (expected, spent)
+    assert spent <= ceiling
+
+
+@pytest.mark.parametrize(
+    ("method", "params", "calls"),
+    [
+        # Two solutions and two refinements a problem in the pilot; the budget lets a whole run send two more
+        # refinements of the six its structure states beyond the pilot's: a third of them.
+        ("self_refine", {"n": 2, "iterations": 5}, 6),
+        # The budget stops each problem at the pilot's twelve calls: a whole run sends none beyond them.
+        ("verify_refine", {"n": 2, "m": 2, "iterations": 4}, 12),
+    ],
+)
+async def test_a_pilots_estimate_under_a_call_budget_is_what_a_run_spends(
+    method: str, params: dict[str, Any], calls: int, tmp_path: Path
+) -> None:
+    expected, ceiling, spent, _ = await _pilot_and_run(method, params, tmp_path, {"calls": calls})
+    # The scripted replies cost alike in the pilot and the run: the estimate is the run's spend.
+    assert expected == spent, (expected, spent)
     assert spent <= ceiling
 
 

@@ -59,14 +59,21 @@ class PilotSpend:
     calls: dict[str, int]
     at_cap: int
 
-    def per_problem(self, whole: Mapping[str, int], per_call: Mapping[str, float], prompt: bool = False) -> float:
+    def per_problem(
+        self, whole: Mapping[str, int], per_call: Mapping[str, float], prompt: bool = False, cap: int | None = None
+    ) -> float:
         """The tokens one problem of a whole run whose structure states ``whole`` calls spends: the pilot's mean,
         and for the share of problems that ran to the pilot's last iteration, the calls the pilot cut off at
-        ``per_call`` each."""
+        ``per_call`` each; under a call budget of ``cap`` calls a problem, the share of those it leaves (a problem
+        stops there, pilot or whole run)."""
         spent = self.prompt_tokens if prompt else self.completion_tokens
         if not self.problems:
             return 0.0
         more = max(0.0, calls_tokens(whole, per_call) - calls_tokens(self.calls, per_call))
+        beyond = sum(whole.values()) - sum(self.calls.values())
+        if cap is not None and beyond > 0:
+            left = max(0, min(sum(whole.values()), cap) - min(sum(self.calls.values()), cap))
+            more *= min(1.0, left / beyond)
         return spent / self.problems + more * self.at_cap / self.problems
 
 
@@ -212,12 +219,12 @@ def estimate_point(
         # calls than its structure states: the pilot's problems spent what they spent, and only those that ran to
         # its last iteration go on to the calls it cut off.
         prompt_rates = {role: rates.prompt_of(role) for role in count.most}
-        point.prompt_tokens = problems * pilot.per_problem(count.expected, prompt_rates, prompt=True)
+        point.prompt_tokens = problems * pilot.per_problem(count.expected, prompt_rates, prompt=True, cap=budget.calls)
     if per_call is not None:
         if ceiling:
             per_problem = count.ceiling(per_call)
         elif pilot is not None:
-            per_problem = pilot.per_problem(count.expected, per_call)
+            per_problem = pilot.per_problem(count.expected, per_call, cap=budget.calls)
         else:
             per_problem = calls_tokens(count.expected, per_call) * count.share()
         # The structure's, whatever the budget.
