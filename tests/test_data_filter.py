@@ -12,7 +12,7 @@ from typing import Any, ClassVar
 
 import pytest
 
-from conftest import run_tmas, scripted_settings
+from conftest import run_tmas, scripted_settings, settings_for
 from scripted_runs import by_role, scripted_run
 from tmas.data.difficulty_filter import FilterCard, filter_settings, run_filter, write_subset
 from tmas.errors import ConfigError, InputError
@@ -446,7 +446,10 @@ def test_the_command_run_again_with_another_model_is_refused_before_its_estimate
     # Before, a server of its own model got the failed sample (its reply counted beside the first server's), and
     # another --model was refused only after the estimate (a --dry-run showed it and passed).
     for flags, changed in [
-        (("--base-url", sim2.base_url), f"solution endpoint {sim.base_url} (now {sim2.base_url})"),
+        (
+            ("--base-url", sim2.base_url),
+            f"solution endpoint {sim.base_url} (now {sim2.base_url}, which serves 'sim-two')",
+        ),
         (("--base-url", sim.base_url, "--model", "other", "--dry-run"), 'solution model unset (now "other")'),
     ]:
         refused = tmas(*command, *flags)
@@ -511,3 +514,24 @@ async def test_a_sample_whose_judge_failed_is_not_counted_as_unsolved(tmp_path: 
     card = await run_filter_on(up)
     assert by_role(up) == {"judge": 1}
     assert card.ungraded_samples == 0 and card.solved_counts == {4: 1} and card.kept == 0 and card.undecided == []
+
+
+async def test_samples_of_a_server_restarted_with_another_model_are_not_sampled_over(tmp_path: Path) -> None:
+    # The filter names no model and its server, at the same URL, now serves another one: before, the samples of
+    # both models would be counted together.
+    problems = tmp_path / "b.jsonl"
+    problems.write_text(json.dumps({"problem_id": "eta", "question": "Eta: what is 9*9?", "answer": "81"}) + "\n")
+    out, run_dir = tmp_path / "hard.jsonl", tmp_path / "hard.filter-run"
+    eta = Rule(role="solution", pattern="Eta:", replies=["So \\boxed{81}."])
+    with SimServer(SimScript(model="model-a", rules=[eta])) as server:
+        settings = filter_settings(settings_for(server, endpoint__model=None), 2, set())
+        await run_filter(problems, run_dir, out, settings, GradeConfig(mode="rules"), k=2, below=2, n=1, seed=0)
+        server.set_script(SimScript(model="model-b", rules=[eta]))
+        server.reset()
+        with pytest.raises(InputError) as refused:
+            await run_filter(problems, run_dir, out, settings, GradeConfig(mode="rules"), k=2, below=2, n=1, seed=0)
+        assert server.chat_bodies() == []
+    assert str(refused.value) == (
+        f"--run-dir {run_dir} holds samples drawn with solution model at {server.base_url} 'model-a' (now 'model-b'):"
+        " sampling on would mix them; run it again without the change, or give another --run-dir"
+    )

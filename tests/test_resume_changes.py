@@ -211,5 +211,6 @@ def test_a_resume_at_another_url_with_no_model_named_is_refused_in_one_line(tmp_
         refused = tmas("run", "--resume", str(run_dir), "--base-url", second.base_url, "-y")
         assert second.requests == [] and first.chat_bodies() == []
     assert refused.returncode == 2, refused.stderr
-    said = f"model 'model-a' served at the solution endpoint {first.base_url} (now {second.base_url})"
+    said = f"model 'model-a' served at the solution endpoint {first.base_url} (now {second.base_url}, which serves"
+    said += " 'model-b'), and no model is named"
     assert said in refused.stderr.strip().splitlines()[-1], refused.stderr

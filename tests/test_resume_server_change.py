@@ -14,8 +14,10 @@ from conftest import settings_for
 from tmas.config import Settings
 from tmas.errors import InputError
 from tmas.problems import Problem
-from tmas.runner import prepare_run, resume_settings, run_problems, stored_settings
+from tmas.runner import RunSetup, prepare_run, resume_settings, run_problems, served_now, stored_settings
+from tmas.store.run_store import RunStore
 from tmas.testing import SimScript, SimServer
+from tmas.testing.script import PersonaName
 
 PROBLEMS = [Problem(problem_id=f"p{k}", question=f"What is {k + 2}*7?", answer=str(7 * (k + 2))) for k in range(2)]
 
@@ -55,7 +57,7 @@ async def test_a_resume_against_another_server_with_no_model_named_is_refused(tm
         assert first.chat_bodies() and second.chat_bodies() == []
     message = str(refused.value)
     assert "\n" not in message
-    assert f"model 'model-a' served at the solution endpoint {first.base_url} (now {second.base_url})" in message
+    assert f"model 'model-a' served at the solution endpoint {first.base_url} (now {second.base_url}" in message
     assert "no model is named" in message
 
 
@@ -70,3 +72,73 @@ async def test_a_run_that_named_its_model_resumes_against_another_server(tmp_pat
             await run_problems(again, todo, store)
         bodies = second.chat_bodies()
     assert bodies and {b["model"] for b in bodies} == {"sim-model"}
+
+
+async def test_a_resume_at_the_same_url_whose_server_now_serves_another_model_is_refused(tmp_path: Path) -> None:
+    # The server at the run's URL was restarted with another model: before, the resume replayed the stored replies
+    # and asked the rest of it, two models' replies under one run.
+    with SimServer(SimScript(model="model-a")) as server:
+        settings = settings_for(server, endpoint__model=None, method={"name": "majority", "params": {"k": 2}})
+        run_dir = tmp_path / "run"
+        await _run_then_stop(run_dir, settings)
+        server.set_script(SimScript(model="model-b"))
+        server.reset()
+        store, again, todo = prepare_run(run_dir, _resumed(run_dir, server.base_url), None, resume=True)
+        with store, pytest.raises(InputError) as refused:
+            await run_problems(again, todo, store)
+        assert server.chat_bodies() == []
+        with RunStore(run_dir, read_only=True) as stored:
+            assert {c.model for c in stored.calls()} == {"model-a"}
+    message = str(refused.value)
+    assert "\n" not in message
+    assert (
+        f"the run's replies came from model 'model-a' served at the solution endpoint {server.base_url}, which now"
+        " serves 'model-b', and no model is named" in message
+    )
+    assert message.endswith(
+        "serve 'model-a' there again to resume, or name the model the run asks for with --model NAME"
+    )
+
+
+async def test_a_resume_at_another_url_names_the_model_served_there(tmp_path: Path) -> None:
+    with SimServer(SimScript(model="model-a")) as first, SimServer(SimScript(model="model-b")) as second:
+        settings = settings_for(first, endpoint__model=None, method={"name": "majority", "params": {"k": 2}})
+        run_dir = tmp_path / "run"
+        await _run_then_stop(run_dir, settings)
+        first.reset()
+        setup = RunSetup.check(_resumed(run_dir, second.base_url), resuming=run_dir)
+        with RunStore(run_dir, read_only=True) as store, pytest.raises(InputError) as refused:
+            setup.check_resume(store, await served_now(setup, store))
+        assert second.chat_bodies() == [] and first.chat_bodies() == []
+    said = f"model 'model-a' served at the solution endpoint {first.base_url} (now {second.base_url}, which serves"
+    assert f"{said} 'model-b'), and no model is named" in str(refused.value)
+
+
+@pytest.mark.parametrize("persona", ["sim", "llama-server", "sglang"])
+async def test_a_resume_at_the_same_server_and_model_is_not_refused(tmp_path: Path, persona: PersonaName) -> None:
+    # llama-server and SGLang reply with the model name asked ("default" where none is named), and list the model's
+    # path or alias: the stored replies name no model of theirs, and nothing is refused for it.
+    with SimServer(SimScript(model="/models/model-a.gguf", persona=persona)) as server:
+        settings = settings_for(server, endpoint__model=None, method={"name": "majority", "params": {"k": 2}})
+        run_dir = tmp_path / "run"
+        await _run_then_stop(run_dir, settings)
+        server.reset()
+        store, again, todo = prepare_run(run_dir, _resumed(run_dir, server.base_url), None, resume=True)
+        with store:
+            summary = await run_problems(again, todo, store)
+        assert summary.done == 2 and server.chat_bodies()
+
+
+async def test_a_server_that_lists_no_model_is_not_refused(tmp_path: Path) -> None:
+    # What it serves is unknown before a call: the resume goes on (the calls say what else is wrong).
+    with SimServer(SimScript(model="model-a")) as server:
+        settings = settings_for(server, endpoint__model=None, method={"name": "majority", "params": {"k": 2}})
+        run_dir = tmp_path / "run"
+        await _run_then_stop(run_dir, settings)
+        setup = RunSetup.check(_resumed(run_dir, server.base_url), resuming=run_dir)
+        with RunStore(run_dir, read_only=True) as store:
+            assert setup.changed_servers(store, {}) == []
+            assert setup.changed_servers(store, {server.base_url: ["model-a"]}) == []
+            assert [c.shown for c in setup.changed_servers(store, {server.base_url: ["model-b"]})] == [
+                f"solution model at {server.base_url} 'model-a' (now 'model-b')"
+            ]

@@ -8,7 +8,7 @@ import json
 import shutil
 import sqlite3
 import time
-from collections.abc import AsyncIterator, Callable, Collection, Iterable, Iterator, Sized
+from collections.abc import AsyncIterator, Callable, Collection, Iterable, Iterator, Mapping, Sized
 from contextlib import AsyncExitStack, asynccontextmanager, nullcontext
 from dataclasses import dataclass, field
 from functools import cached_property
@@ -34,9 +34,10 @@ from tmas.grading.judge import JUDGE_ROLE
 from tmas.llm.factory import open_model
 from tmas.llm.hf_checkpoint import check_folder
 from tmas.llm.model import ChatModel, ClientStats, EndpointUnreachable
-from tmas.llm.preflight import check_endpoints
+from tmas.llm.preflight import check_endpoints, served_models
 from tmas.llm.provision import on_embedded_model
 from tmas.llm.replay import ReplayTurns
+from tmas.llm.routes import DEFAULT_MODEL
 from tmas.llm.sampling import resolve_role
 from tmas.llm.types import Lane
 from tmas.llm.weights import check_model_named
@@ -393,23 +394,50 @@ class RunSetup:
             f"{name} {_shown(old[name])} (now {_shown(new[name])})" for name in sorted(old) if old[name] != new[name]
         ]
 
-    def changed_servers(self, store: RunStore) -> dict[str, str]:
-        """The roles of this setup's method whose endpoint URLs are not those ``store``'s replies came from, where no
-        model is named (each server answers with a model of its own, so other URLs may mean another model): role ->
-        ``ROLE endpoint OLD (now NEW)``; none where no reply of those roles is stored (nothing would be mixed) or the
-        recorded settings are another version's. A named model is compared by :meth:`changed_requests` instead."""
-        roles = self.method.traits.roles
-        if not any(n for role, (n, _) in store.replies_by_role().items() if role in roles):
-            return {}
-        before = _recorded_settings(store)
+    def unnamed_roles(self, store: RunStore) -> list[str]:
+        """The roles of this setup's method whose calls name no model and go to an endpoint (each server answers
+        with a model of its own there) and of which ``store`` holds a reply: those whose model a resume compares
+        (:meth:`changed_servers`)."""
+        replied = store.replies_by_role()
+        return [
+            role
+            for role in self.method.traits.roles
+            if replied.get(role, (0, 0))[0] and _served_by(self.settings, role) is not None
+        ]
+
+    def changed_servers(self, store: RunStore, served: Mapping[str, list[str]] | None = None) -> list[ServerChange]:
+        """The roles of this setup's method, where no model is named (each server answers with a model of its own),
+        whose replies would now come from another model than ``store``'s replies of them did: their endpoint URLs are
+        not those the replies came from (another model may answer there), or ``served`` (URL -> the models its server
+        lists now: :func:`tmas.llm.preflight.served_models`) says their server serves another model than the stored
+        replies reported (a server restarted with another model at the same URL). None where no reply of those roles
+        is stored (nothing would be mixed) or the recorded settings are another version's. A named model is compared
+        by :meth:`changed_requests` instead. The one check of a resumed run and of ``tmas data filter``'s samples."""
+        roles = self.unnamed_roles(store)
+        before = _recorded_settings(store) if roles else None
         if before is None:
-            return {}
-        changed = {}
+            return []
+        served = served or {}
+        changed = []
         for role in roles:
             old, new = _served_by(before, role), _served_by(self.settings, role)
-            if old is not None and new is not None and old != new:
-                changed[role] = f"{role} endpoint {', '.join(old)} (now {', '.join(new)})"
+            if old is None or new is None:
+                continue
+            replied = next((c.model for c in store.calls() if c.ok and c.key.role == role), None)
+            listed = [name for url in new for name in served.get(url, [])]
+            if old != new:
+                changed.append(ServerChange(role, old, new, replied, listed))
+            elif replied and replied != DEFAULT_MODEL and listed and replied not in listed:
+                # A reply that says DEFAULT_MODEL echoes the name asked (llama-server, SGLang): it names no model.
+                changed.append(ServerChange(role, old, new, replied, listed))
         return changed
+
+    def check_servers(self, store: RunStore, served: Mapping[str, list[str]] | None = None) -> None:
+        """Refuse, in one line, to resume ``store``'s run where a role's replies would come from another model than
+        its stored ones did (:meth:`changed_servers`)."""
+        if changed := self.changed_servers(store, served):
+            own = self.settings.roles.get(changed[0].role)
+            raise InputError(changed[0].refusal(store.run_dir, len(changed) - 1, bool(own and own.base_url)))
 
     @cached_property
     def inputs(self) -> dict[str, str]:
@@ -433,21 +461,13 @@ class RunSetup:
             return []
         return list(self.inputs) if store.finished_problem_ids(run_fingerprint(self.method, self.settings)) else []
 
-    def check_resume(self, store: RunStore) -> None:
+    def check_resume(self, store: RunStore, served: Mapping[str, list[str]] | None = None) -> None:
         """Refuse to resume ``store``'s run where a problem it finished would keep its result though this setup asks
         other requests than the run's recorded settings did (:meth:`changed_requests`), or sends them or reads their
         replies otherwise (:meth:`changed_handling`): the run would then hold results of two configurations under one
-        record of its settings."""
-        if servers := self.changed_servers(store):
-            role, where = next(iter(servers.items()))
-            more = f" and {len(servers) - 1} more" if len(servers) > 1 else ""
-            replied = next((c.model for c in store.calls() if c.ok and c.key.role == role), None)
-            model = f"model {replied!r}" if replied else "the model"
-            raise InputError(
-                f"{store.run_dir}: the run's replies came from {model} served at the {where}{more}, and no model is"
-                " named: another model may answer there, and its replies would be mixed with the stored ones; resume"
-                " with the run's --base-url, or start a new run for the other server"
-            )
+        record of its settings. Where no model is named, also where another model would answer (:meth:`check_servers`;
+        ``served``: what the servers list now, where asked)."""
+        self.check_servers(store, served)
         finished = store.finished_problem_ids(run_fingerprint(self.method, self.settings))
         if not finished:
             return
@@ -553,12 +573,74 @@ def pin_inputs(method: Method[Any], store: RunStore, fingerprint: str) -> None:
     store.set_meta("method_inputs", {**recorded, **used})
 
 
+async def served_now(setup: RunSetup, store: RunStore) -> dict[str, list[str]]:
+    """What the servers of ``setup``'s roles that name no model serve now, where ``store`` holds replies of such a role
+    (:meth:`RunSetup.unnamed_roles`), as :func:`tmas.llm.preflight.served_models` asks them; nothing is asked (and
+    none said) otherwise."""
+    roles = setup.unnamed_roles(store)
+    return await served_models(setup.settings, roles) if roles else {}
+
+
+async def check_served(setup: RunSetup, store: RunStore) -> None:
+    """Refuse, before any call, a resume of ``store``'s run under ``setup`` whose servers, where it names no model,
+    serve another model now than its stored replies came from (:meth:`RunSetup.check_servers`)."""
+    setup.check_servers(store, await served_now(setup, store))
+
+
 def _recorded_settings(store: RunStore) -> Settings | None:
     """The settings ``store``'s run recorded (None where recorded by another version: nothing to compare with)."""
     try:
         return Settings.model_validate(store.get_meta("settings"))
     except ValidationError:
         return None
+
+
+@dataclass(frozen=True)
+class ServerChange:
+    """A role whose calls name no model, whose replies would now come from another model than its stored ones:
+    asked at other URLs (``before`` -> ``now``), or at the same ones whose server lists ``serving`` now, not the
+    model its stored replies reported (``replied``; None where a stored reply reported none)."""
+
+    role: str
+    before: list[str]
+    now: list[str]
+    replied: str | None
+    serving: list[str]
+
+    @property
+    def moved(self) -> bool:
+        return self.before != self.now
+
+    @property
+    def shown(self) -> str:
+        """The change as ``NAME OLD (now NEW)``."""
+        if self.moved:
+            serves = f", which serves {_names(self.serving)}" if self.serving else ""
+            return f"{self.role} endpoint {', '.join(self.before)} (now {', '.join(self.now)}{serves})"
+        return f"{self.role} model at {', '.join(self.now)} {self.replied!r} (now {_names(self.serving)})"
+
+    def refusal(self, run_dir: Path, others: int, own_url: bool) -> str:
+        """The one line refusing a resume of ``run_dir`` (``others``: how many more roles changed so; ``own_url``: the
+        role's URL is its own ``[roles.NAME]`` one, where its model is named too)."""
+        model = f"model {self.replied!r}" if self.replied else "the model"
+        more = f" and {others} more" if others else ""
+        name = f'model = "NAME" in [roles.{self.role}]' if own_url else "--model NAME"
+        if self.moved:
+            return (
+                f"{run_dir}: the run's replies came from {model} served at the {self.shown}{more}, and no model is"
+                " named: another model may answer there, and its replies would be mixed with the stored ones; resume"
+                f" with the run's --base-url, or name the model the run asks for with {name}"
+            )
+        return (
+            f"{run_dir}: the run's replies came from {model} served at the {self.role} endpoint {', '.join(self.now)},"
+            f" which now serves {_names(self.serving)}{more}, and no model is named: its replies would be mixed with"
+            f" the stored ones; serve {self.replied!r} there again to resume, or name the model the run asks for with"
+            f" {name}"
+        )
+
+
+def _names(models: list[str]) -> str:
+    return ", ".join(repr(m) for m in models)
 
 
 def _served_by(settings: Settings, role: str) -> list[str] | None:
@@ -784,6 +866,9 @@ async def run_problems(
                 if model is None and state.total > len(finished):
                     # Nothing listening, or a base URL without its /v1: said in seconds, before any call.
                     await check_endpoints(llm.settings, method.traits.roles)
+                if not own_model and state.total > len(finished):
+                    # A server restarted with another model where the run names none: refused before any call.
+                    await check_served(RunSetup(settings, method, []), store)
                 # Each worker is a lane (tmas.llm.lanes): on an endpoint with pin_slots, its calls share one slot.
                 await gather_all(worker(Lane(w, workers)) for w in range(workers))
             except EndpointUnreachable as exc:

@@ -110,7 +110,7 @@ def _filter_estimate(
     """The samples the filter sends: k per problem asked, less the problems an earlier filter into ``run_dir``
     settled (skipped) and the answered samples it replays; its judge's calls said beside them."""
     from tmas.cli.estimate import judge_calls
-    from tmas.data.difficulty_filter import holds_filter_run
+    from tmas.data.difficulty_filter import holds_filter_run, served_by_filter_run
     from tmas.planning.estimate import Estimate, estimate_point, failed_credit, replay_credit
     from tmas.problems import load_problems
     from tmas.runner import RunSetup, run_method
@@ -123,7 +123,8 @@ def _filter_estimate(
     failed: dict[str, int] = {}
     # Another run there, or samples drawn otherwise (another model, server or sampling), are refused before the
     # estimate (which would count their calls as this filter's, and print before the refusal).
-    if holds_filter_run(run_dir, source, k, settings):
+    served = interrupt.run(served_by_filter_run(run_dir, settings, own_model=False))
+    if holds_filter_run(run_dir, source, k, settings, served=served):
         with RunStore(run_dir, read_only=True) as peek:
             setup = RunSetup.check(settings)
             settled = setup.settled(peek) & {p.problem_id for p in asked}

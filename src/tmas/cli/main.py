@@ -281,7 +281,7 @@ def _resume_run(
 ) -> int:
     from tmas.cli.estimate import build_estimate, gate
     from tmas.planning.estimate import failed_credit, replay_credit, stored_ceiling
-    from tmas.runner import RunSetup, check_embedded_model, prepare_run, resume_settings, stored_settings
+    from tmas.runner import RunSetup, check_embedded_model, prepare_run, resume_settings, served_now, stored_settings
     from tmas.store.run_lock import running
     from tmas.store.run_store import RunStore
 
@@ -299,7 +299,9 @@ def _resume_run(
         setup = RunSetup.check(settings, resuming=run_dir)
         # A resume that would keep finished results under other settings is refused here, before the estimate: its
         # pilot would send calls, and its gate ask about a run that is then refused (prepare_run checks it again).
-        setup.check_resume(peek)
+        # Where no model is named, its servers are asked what they serve now: one restarted with another model
+        # would mix its replies with the stored ones.
+        setup.check_resume(peek, interrupt.run(served_now(setup, peek)))
         count = peek.problem_count()
         listed = peek.problems() if estimate.pilot is not None else count
         # The problems finished as this resume asks are skipped: they send nothing and replay nothing, and the

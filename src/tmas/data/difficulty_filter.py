@@ -23,7 +23,7 @@ from __future__ import annotations
 import json
 import random
 from collections import Counter
-from collections.abc import Collection
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -39,7 +39,7 @@ from tmas.llm.model import ChatModel
 from tmas.llm.sampling import with_sampling
 from tmas.methods import METHODS, method_names
 from tmas.problems import Problem, dataset_name, load_problems
-from tmas.runner import RunSetup, RunState, holds_run, prepare_run, run_problems
+from tmas.runner import RunSetup, RunState, holds_run, prepare_run, run_problems, served_now
 from tmas.store.records import ProblemResult
 from tmas.store.run_store import GradeRow, RunStore
 
@@ -287,18 +287,26 @@ def write_card(card: FilterCard, out: Path) -> tuple[Path, Path]:
     return json_path, md_path
 
 
-def holds_filter_run(run_dir: Path, source: Path, k: int, settings: Settings, *, own_model: bool = False) -> bool:
+def holds_filter_run(
+    run_dir: Path,
+    source: Path,
+    k: int,
+    settings: Settings,
+    *,
+    own_model: bool = False,
+    served: Mapping[str, list[str]] | None = None,
+) -> bool:
     """Whether ``run_dir`` holds the samples of this filter (of ``source`` with ``k``) to resume under ``settings``;
     False where it holds no run yet. Another run, another filter's samples, or samples drawn otherwise than
-    ``settings`` draw them (:func:`sampled_otherwise`) are refused in one line: no filter's result holds the samples
-    of two models or samplings."""
+    ``settings`` draw them (:func:`sampled_otherwise`; ``served``: what the servers serve now, where asked) are
+    refused in one line: no filter's result holds the samples of two models or samplings."""
     if not holds_run(run_dir):
         return False
     made = {"source": dataset_name(source), "k": k}
     setup = RunSetup.check(settings, own_model=own_model, resuming=run_dir)
     with RunStore(run_dir, read_only=True) as earlier:
         found = earlier.get_meta(FILTER_META)
-        changed = sampled_otherwise(earlier, setup) if found == made else []
+        changed = sampled_otherwise(earlier, setup, served) if found == made else []
     if found != made:
         what = f"the samples of a filter of {found['source']} with k={found['k']}" if found else "no filter's samples"
         raise InputError(f"--run-dir {run_dir} holds {what}, not of {made['source']} with k={k}: give another")
@@ -311,18 +319,28 @@ def holds_filter_run(run_dir: Path, source: Path, k: int, settings: Settings, *,
     return True
 
 
-def sampled_otherwise(store: RunStore, setup: RunSetup) -> list[str]:
+def sampled_otherwise(store: RunStore, setup: RunSetup, served: Mapping[str, list[str]] | None = None) -> list[str]:
     """What ``setup`` draws samples with otherwise than ``store``'s replied samples were drawn, each as ``NAME OLD
     (now NEW)``; none where no sample replied yet (nothing would be mixed). As a resumed run compares them
     (:meth:`RunSetup.changed_requests`, :meth:`RunSetup.changed_handling`: the model, sampling, seed, prompt
-    templates; :meth:`RunSetup.changed_servers`: where no model is named, the endpoint's URLs, since a stored sample
-    replays whatever server is asked now and only the failed ones would be sent to the new one)."""
+    templates; :meth:`RunSetup.changed_servers`: where no model is named, the endpoint's URLs and the model its server
+    serves now (``served``), since a stored sample replays whatever server is asked now and only the failed ones would
+    be sent to the new one)."""
     roles = setup.method.traits.roles
     if not any(n for role, (n, _) in store.replies_by_role().items() if role in roles):
         return []
-    return sorted(
-        setup.changed_requests(store) + setup.changed_handling(store) + list(setup.changed_servers(store).values())
-    )
+    servers = [change.shown for change in setup.changed_servers(store, served)]
+    return sorted(setup.changed_requests(store) + setup.changed_handling(store) + servers)
+
+
+async def served_by_filter_run(run_dir: Path, settings: Settings, *, own_model: bool) -> dict[str, list[str]]:
+    """What the servers of the samples ``run_dir`` holds serve now, where the filter names no model
+    (:func:`tmas.runner.served_now`); none where it holds no run or samples a model of the caller's own."""
+    if own_model or not holds_run(run_dir):
+        return {}
+    setup = RunSetup.check(settings, resuming=run_dir)
+    with RunStore(run_dir, read_only=True) as earlier:
+        return await served_now(setup, earlier)
 
 
 async def run_filter(
@@ -348,7 +366,8 @@ async def run_filter(
     made = {"source": dataset_name(source), "k": k}
     asked = load_problems(source)
     asked = asked[:limit] if limit else asked
-    if holds_filter_run(run_dir, source, k, settings, own_model=own):
+    served = await served_by_filter_run(run_dir, settings, own_model=own)
+    if holds_filter_run(run_dir, source, k, settings, own_model=own, served=served):
         store, settings, _ = prepare_run(run_dir, settings, None, resume=True, own_model=own)
     else:
         store, settings, _ = prepare_run(run_dir, settings, asked, resume=False, own_model=own)

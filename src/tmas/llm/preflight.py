@@ -76,6 +76,39 @@ async def check_endpoints(settings: Settings, roles: Iterable[str]) -> None:
             _ANSWERED.add(asked)
 
 
+async def served_models(settings: Settings, roles: Iterable[str]) -> dict[str, list[str]]:
+    """URL -> the names of the models its server lists now (``GET /models``: each card's ``id`` and the ``aliases``
+    llama-server adds), for each replica of ``roles``; asked anew on every call (a server restarted since may serve
+    another model), never from what answered before. A URL that lists none, or answers otherwise (no ``/models``
+    route, not started), is left out: what it serves is unknown, and the calls say more."""
+    if settings.uses_in_process_model or settings.uses_local_model:
+        return {}
+    routes = Routes(settings)
+    asked = {replica.url: route.api_key for route in map(routes.route, roles) for replica in route.replicas}
+    served: dict[str, list[str]] = {}
+    async with aiohttp.ClientSession() as session:
+        urls = list(asked)
+        probes = await asyncio.gather(*(_models_reply(session, url, asked[url]) for url in urls))
+    for url, probe in zip(urls, probes, strict=True):
+        if isinstance(probe, tuple) and probe[0] == 200 and (names := _listed(probe[1])):
+            served[url] = names
+    return served
+
+
+def _listed(models: Any) -> list[str]:
+    """The model names a ``/models`` body lists: each card's ``id``, and its ``aliases`` (llama-server)."""
+    cards = models.get("data") if isinstance(models, dict) else None
+    names: list[str] = []
+    for card in cards if isinstance(cards, list) else []:
+        if not isinstance(card, dict):
+            continue
+        aliases = card.get("aliases")
+        for name in [card.get("id"), *(aliases if isinstance(aliases, list) else [])]:
+            if isinstance(name, str) and name and name not in names:
+                names.append(name)
+    return names
+
+
 def _check_served(url: str, models: Any, model: str | None, role: str, settings: Settings) -> None:
     """A vLLM server answers a model it does not serve with a 404 for every call: said here, naming the models it
     does serve. An endpoint that names no model asks for ``"default"`` (:mod:`tmas.llm.routes`), which vLLM serves
