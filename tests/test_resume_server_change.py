@@ -7,12 +7,14 @@ from __future__ import annotations
 
 import sqlite3
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from conftest import settings_for
 from tmas.config import Settings
 from tmas.errors import InputError
+from tmas.llm.preflight import served_models
 from tmas.problems import Problem
 from tmas.runner import RunSetup, prepare_run, resume_settings, run_problems, served_now, stored_settings
 from tmas.store.run_store import RunStore
@@ -142,3 +144,18 @@ async def test_a_server_that_lists_no_model_is_not_refused(tmp_path: Path) -> No
             assert [c.shown for c in setup.changed_servers(store, {server.base_url: ["model-b"]})] == [
                 f"solution model at {server.base_url} 'model-a' (now 'model-b')"
             ]
+
+
+@pytest.mark.parametrize("answers", [{"hf": {"model": "/models/tiny"}}, {}])
+async def test_a_model_with_no_endpoint_is_not_asked_what_it_serves(tmp_path: Path, answers: dict[str, Any]) -> None:
+    # The in-process model and the embedded one have no URL to ask (and none a resume compares), whatever model
+    # the stored replies reported.
+    with SimServer(SimScript(model="model-a")) as server:
+        settings = settings_for(server, endpoint__model=None, method={"name": "majority", "params": {"k": 2}})
+        run_dir = tmp_path / "run"
+        await _run_then_stop(run_dir, settings)
+    local = Settings.model_validate({**answers, "method": {"name": "majority", "params": {"k": 2}}})
+    setup = RunSetup(local, RunSetup.check(settings).method, [])
+    with RunStore(run_dir, read_only=True) as store:
+        assert setup.unnamed_roles(store) == [] and setup.changed_servers(store, {server.base_url: ["b"]}) == []
+    assert await served_models(local, ["solution"]) == {}
