@@ -214,3 +214,26 @@ def test_a_resume_at_another_url_with_no_model_named_is_refused_in_one_line(tmp_
     said = f"model 'model-a' served at the solution endpoint {first.base_url} (now {second.base_url}, which serves"
     said += " 'model-b'), and no model is named"
     assert said in refused.stderr.strip().splitlines()[-1], refused.stderr
+
+
+def test_a_resume_whose_server_now_serves_another_model_is_refused_before_its_estimate(tmp_path: Path) -> None:
+    """The run named no model and its server, at the same URL, was restarted with another: the resume is refused
+    before its estimate and any call, naming both models and the URL."""
+    write_problems(tmp_path / "p.jsonl")
+    run_dir = tmp_path / "run"
+    with SimServer(SimScript(model="model-a")) as server:
+        made = tmas(
+            "run", str(tmp_path / "p.jsonl"), "-o", str(run_dir), "--base-url", server.base_url, "-m", "majority"
+        )
+        assert made.returncode == 0, made.stderr
+        stopped_before_p1(run_dir)
+        server.set_script(SimScript(model="model-b"))
+        server.reset()
+        refused = tmas("run", "--resume", str(run_dir), "-y")
+        assert server.chat_bodies() == []
+    assert refused.returncode == 2, refused.stderr
+    assert refused.stderr.strip().splitlines()[-1] == (
+        f"tmas: error: {run_dir}: the run's replies came from model 'model-a' served at the solution endpoint"
+        f" {server.base_url}, which now serves 'model-b', and no model is named: its replies would be mixed with the"
+        " stored ones; serve 'model-a' there again to resume, or name the model the run asks for with --model NAME"
+    )
