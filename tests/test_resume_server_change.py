@@ -159,3 +159,17 @@ async def test_a_model_with_no_endpoint_is_not_asked_what_it_serves(tmp_path: Pa
     with RunStore(run_dir, read_only=True) as store:
         assert setup.unnamed_roles(store) == [] and setup.changed_servers(store, {server.base_url: ["b"]}) == []
     assert await served_models(local, ["solution"]) == {}
+
+
+async def test_a_reply_that_echoes_the_name_asked_is_not_shown_as_its_model(tmp_path: Path) -> None:
+    # llama-server answers with the name asked: 'default' is no model's name, and the refusal does not call it one.
+    with (
+        SimServer(SimScript(model="/models/a.gguf", persona="llama-server")) as first,
+        SimServer(SimScript()) as second,
+    ):
+        settings = settings_for(first, endpoint__model=None, method={"name": "majority", "params": {"k": 2}})
+        run_dir = tmp_path / "run"
+        await _run_then_stop(run_dir, settings)
+        with pytest.raises(InputError) as refused:
+            prepare_run(run_dir, _resumed(run_dir, second.base_url), None, resume=True)
+    assert str(refused.value).startswith(f"{run_dir}: the run's replies came from the model served at the solution")

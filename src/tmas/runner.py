@@ -424,12 +424,11 @@ class RunSetup:
             if old is None or new is None:
                 continue
             replied = next((c.model for c in store.calls() if c.ok and c.key.role == role), None)
+            # A reply that says DEFAULT_MODEL echoes the name asked (llama-server, SGLang): it names no model.
+            named = replied if replied != DEFAULT_MODEL else None
             listed = [name for url in new for name in served.get(url, [])]
-            if old != new:
-                changed.append(ServerChange(role, old, new, replied, listed))
-            elif replied and replied != DEFAULT_MODEL and listed and replied not in listed:
-                # A reply that says DEFAULT_MODEL echoes the name asked (llama-server, SGLang): it names no model.
-                changed.append(ServerChange(role, old, new, replied, listed))
+            if old != new or (named and listed and named not in listed):
+                changed.append(ServerChange(role, old, new, named, listed))
         return changed
 
     def check_servers(self, store: RunStore, served: Mapping[str, list[str]] | None = None) -> None:
