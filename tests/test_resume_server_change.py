@@ -173,3 +173,16 @@ async def test_a_reply_that_echoes_the_name_asked_is_not_shown_as_its_model(tmp_
         with pytest.raises(InputError) as refused:
             prepare_run(run_dir, _resumed(run_dir, second.base_url), None, resume=True)
     assert str(refused.value).startswith(f"{run_dir}: the run's replies came from the model served at the solution")
+
+
+async def test_one_of_two_replicas_restarted_with_another_model_is_refused(tmp_path: Path) -> None:
+    with SimServer(SimScript(model="model-a")) as one, SimServer(SimScript(model="model-a")) as two:
+        settings = settings_for(one, two, endpoint__model=None, method={"name": "majority", "params": {"k": 2}})
+        run_dir = tmp_path / "run"
+        await _run_then_stop(run_dir, settings)
+        two.set_script(SimScript(model="model-b"))
+        setup = RunSetup.check(stored_settings(run_dir), resuming=run_dir)
+        with RunStore(run_dir, read_only=True) as store:
+            assert [c.shown for c in setup.changed_servers(store, await served_now(setup, store))] == [
+                f"solution model at {two.base_url} 'model-a' (now 'model-b')"
+            ]

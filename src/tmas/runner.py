@@ -426,9 +426,14 @@ class RunSetup:
             replied = next((c.model for c in store.calls() if c.ok and c.key.role == role), None)
             # A reply that says DEFAULT_MODEL echoes the name asked (llama-server, SGLang): it names no model.
             named = replied if replied != DEFAULT_MODEL else None
-            listed = [name for url in new for name in served.get(url, [])]
-            if old != new or (named and listed and named not in listed):
-                changed.append(ServerChange(role, old, new, named, listed))
+            if old != new:
+                listed = [name for url in new for name in served.get(url, [])]
+                changed.append(ServerChange(role, old, new, named, listed, moved=True))
+                continue
+            # Each replica's server on its own: one of two restarted with another model mixes its replies in alike.
+            other = next((url for url in new if named and served.get(url) and named not in served[url]), None)
+            if other is not None:
+                changed.append(ServerChange(role, old, [other], named, served[other], moved=False))
         return changed
 
     def check_servers(self, store: RunStore, served: Mapping[str, list[str]] | None = None) -> None:
@@ -597,18 +602,16 @@ def _recorded_settings(store: RunStore) -> Settings | None:
 @dataclass(frozen=True)
 class ServerChange:
     """A role whose calls name no model, whose replies would now come from another model than its stored ones:
-    asked at other URLs (``before`` -> ``now``), or at the same ones whose server lists ``serving`` now, not the
-    model its stored replies reported (``replied``; None where a stored reply reported none)."""
+    asked at other URLs (``moved``: ``before`` -> ``now``, whose servers list ``serving``), or at the same ones, one of
+    whose servers (``now``) lists ``serving``, not the model its stored replies reported (``replied``; None where a
+    stored reply named none)."""
 
     role: str
     before: list[str]
     now: list[str]
     replied: str | None
     serving: list[str]
-
-    @property
-    def moved(self) -> bool:
-        return self.before != self.now
+    moved: bool
 
     @property
     def shown(self) -> str:
