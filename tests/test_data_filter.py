@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import subprocess
 from collections import Counter
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -33,6 +34,10 @@ CASES = [
     ("epsilon", "Epsilon: what is 4*4?", "16", 1),
     ("zeta", "Zeta: what is 8*8?", "64", 0),
 ]
+# Problems of a file of their own: gamma (no sample right), and eta and iota, which the scripts below answer.
+GAMMA = ("gamma", CASES[2][1], "49")
+ETA = ("eta", "Eta: what is 9*9?", "81")
+IOTA = ("iota", "Iota: what is 10*10?", "100")
 
 
 def script() -> SimScript:
@@ -48,6 +53,16 @@ def script() -> SimScript:
 
 def tmas(*args: str) -> subprocess.CompletedProcess[bytes]:
     return run_tmas(*args, timeout=120)
+
+
+def write_problems(path: Path, rows: Sequence[tuple[str, str, str]]) -> None:
+    """A problem file of ``(problem_id, question, answer)`` rows."""
+    path.write_text("".join(json.dumps({"problem_id": i, "question": q, "answer": a}) + "\n" for i, q, a in rows))
+
+
+def filter_command(problems: Path, out: Path, k: int, *flags: str) -> tuple[str, ...]:
+    """``tmas data filter`` of ``problems`` into ``out``, k samples a problem graded by the rules, then ``flags``."""
+    return ("data", "filter", str(problems), "-o", str(out), "-k", str(k), "--grade", "rules", *flags)
 
 
 def on_model(rules: SimScript, k: int, **overrides: Any) -> ScriptedModel:
@@ -135,12 +150,11 @@ async def test_a_filter_resumed_with_another_limit_samples_and_counts_the_proble
 def test_filter_flags_set_the_sampling(sim: SimServer, tmp_path: Path) -> None:
     sim.set_script(script())
     problems = tmp_path / "b.jsonl"
-    problems.write_text(json.dumps({"problem_id": "alpha", "question": CASES[0][1], "answer": "6"}) + "\n")
+    write_problems(problems, [("alpha", CASES[0][1], "6")])
     out = tmp_path / "hard.jsonl"
     done = tmas(
-        "data", "filter", str(problems), "-o", str(out), "-k", "2", "--grade", "rules", "--base-url", sim.base_url,
-        "--temperature", "0.6", "--max-tokens", "300",
-    )  # fmt: skip
+        *filter_command(problems, out, 2, "--base-url", sim.base_url, "--temperature", "0.6", "--max-tokens", "300")
+    )
     assert done.returncode == 0, done.stderr.decode()
     assert "solved-of-2 counts {0: 0, 1: 0, 2: 1}; kept 0; selected 0" in done.stdout.decode()
     assert {(b["temperature"], b["top_p"], b["max_tokens"]) for b in sim.chat_bodies()} == {(0.6, 0.95, 300)}
@@ -153,8 +167,7 @@ def test_filter_flags_set_the_sampling(sim: SimServer, tmp_path: Path) -> None:
 async def test_a_problem_whose_every_sample_failed_is_left_out_not_kept(tmp_path: Path) -> None:
     model = on_model(SimScript(rules=[*script().rules, Rule(role="solution", pattern="Eta:", fault="http_400")]), 4)
     problems = tmp_path / "b.jsonl"
-    rows = [("gamma", CASES[2][1], "49"), ("eta", "Eta: what is 9*9?", "81")]
-    problems.write_text("".join(json.dumps({"problem_id": i, "question": q, "answer": a}) + "\n" for i, q, a in rows))
+    write_problems(problems, [GAMMA, ETA])
     out = tmp_path / "hard.jsonl"
     grading = GradeConfig(mode="rules")
     await run_filter(problems, tmp_path / "run", out, model.settings, grading, k=4, below=2, n=50, seed=0, model=model)
@@ -170,8 +183,7 @@ async def test_a_problem_with_a_blank_reference_answer_is_left_out_not_kept_as_h
     # and be selected as hard. It is no reference answer: left out as unlabeled, as a problem without one is.
     model = on_model(script(), 4)
     problems = tmp_path / "b.jsonl"
-    rows = [("gamma", CASES[2][1], "49"), ("blank", "Blank: what is 9*9?", " ")]
-    problems.write_text("".join(json.dumps({"problem_id": i, "question": q, "answer": a}) + "\n" for i, q, a in rows))
+    write_problems(problems, [GAMMA, ("blank", "Blank: what is 9*9?", " ")])
     out = tmp_path / "hard.jsonl"
     grading = GradeConfig(mode="rules")
     await run_filter(problems, tmp_path / "run", out, model.settings, grading, k=4, below=2, n=50, seed=0, model=model)
@@ -191,8 +203,7 @@ async def test_failed_samples_are_not_counted_as_unsolved(tmp_path: Path) -> Non
     ]
     model = on_model(SimScript(rules=[*refused, *script().rules]), 4)
     problems = tmp_path / "b.jsonl"
-    rows = [("gamma", CASES[2][1], "49"), ("eta", "Eta: what is 9*9?", "81"), ("iota", "Iota: what is 10*10?", "100")]
-    problems.write_text("".join(json.dumps({"problem_id": i, "question": q, "answer": a}) + "\n" for i, q, a in rows))
+    write_problems(problems, [GAMMA, ETA, IOTA])
     out = tmp_path / "hard.jsonl"
     grading = GradeConfig(mode="rules")
     await run_filter(problems, tmp_path / "run", out, model.settings, grading, k=4, below=2, n=50, seed=0, model=model)
@@ -212,7 +223,7 @@ async def test_a_judge_of_ones_own_grades_the_samples(tmp_path: Path) -> None:
     rules = SimScript(rules=[Rule(role="judge", replies=['{"reasoning": "r", "equivalent": true}']), *script().rules])
     model = on_model(rules, 2)
     problems = tmp_path / "b.jsonl"
-    problems.write_text(json.dumps({"problem_id": "gamma", "question": CASES[2][1], "answer": "49"}) + "\n")
+    write_problems(problems, [GAMMA])
     grading = GradeConfig(mode="judge", judge_runs=1)
     out = tmp_path / "hard.jsonl"
     card = await run_filter(
@@ -258,8 +269,7 @@ async def test_running_the_filter_again_asks_only_the_failed_samples_again(tmp_p
         Rule(role="solution", pattern="Iota:", replies=["So \\boxed{100}.", "So \\boxed{1000}."]),
     ]
     problems = tmp_path / "b.jsonl"
-    rows = [("gamma", CASES[2][1], "49"), ("eta", "Eta: what is 9*9?", "81"), ("iota", "Iota: what is 10*10?", "100")]
-    problems.write_text("".join(json.dumps({"problem_id": i, "question": q, "answer": a}) + "\n" for i, q, a in rows))
+    write_problems(problems, [GAMMA, ETA, IOTA])
     out, run_dir = tmp_path / "hard.jsonl", tmp_path / "run"
 
     async def run_filter_on(model: ScriptedModel) -> FilterCard:
@@ -298,22 +308,9 @@ def test_the_command_run_again_sends_only_the_failed_samples(sim: SimServer, tmp
         SimScript(rules=[Rule(role="solution", pattern="Eta:", fault="http_400", times=3), eta, *script().rules])
     )
     problems = tmp_path / "b.jsonl"
-    rows = [("gamma", CASES[2][1], "49"), ("eta", "Eta: what is 9*9?", "81")]
-    problems.write_text("".join(json.dumps({"problem_id": i, "question": q, "answer": a}) + "\n" for i, q, a in rows))
+    write_problems(problems, [GAMMA, ETA])
     out = tmp_path / "hard.jsonl"
-    command = (
-        "data",
-        "filter",
-        str(problems),
-        "-o",
-        str(out),
-        "-k",
-        "4",
-        "--grade",
-        "rules",
-        "--base-url",
-        sim.base_url,
-    )
+    command = filter_command(problems, out, 4, "--base-url", sim.base_url)
     first = tmas(*command)
     assert first.returncode == 0, first.stderr.decode()
     assert "undecided 1 (too few replies)" in first.stdout.decode()
@@ -336,22 +333,9 @@ def test_the_command_passes_the_cost_gate_before_any_sample(sim: SimServer, tmp_
     # sent them without an estimate, a question or --dry-run, unlike every other command that starts model calls.
     sim.set_script(script())
     problems = tmp_path / "b.jsonl"
-    rows = [(pid, question, answer) for pid, question, answer, _ in CASES[:3]]
-    problems.write_text("".join(json.dumps({"problem_id": i, "question": q, "answer": a}) + "\n" for i, q, a in rows))
+    write_problems(problems, [(pid, question, answer) for pid, question, answer, _ in CASES[:3]])
     out = tmp_path / "hard.jsonl"
-    command = (
-        "data",
-        "filter",
-        str(problems),
-        "-o",
-        str(out),
-        "-k",
-        "4",
-        "--grade",
-        "rules",
-        "--base-url",
-        sim.base_url,
-    )
+    command = filter_command(problems, out, 4, "--base-url", sim.base_url)
     # 3 problems x 4 samples: 12 calls, 24 with every reply asked again; over 20, without a terminal, it refuses.
     refused = tmas(*command, "--confirm-calls", "20")
     assert refused.returncode == 2
@@ -374,7 +358,7 @@ def test_the_command_passes_the_cost_gate_before_any_sample(sim: SimServer, tmp_
     assert again.returncode == 0, again.stderr.decode()
     assert "tmas: estimate: 0 calls" in again.stderr.decode() and len(sim.chat_bodies()) == 12
     # Another filter's samples in the run directory are refused before an estimate that would count them as its own.
-    other = tmas(*command[:5], "-k", "2", *command[7:])
+    other = tmas(*filter_command(problems, out, 2, "--base-url", sim.base_url))
     assert other.returncode == 2 and other.stderr.decode().splitlines() == [
         f"tmas: error: --run-dir {tmp_path / 'hard.filter-run'} holds the samples of a filter of b with k=4, not of b"
         " with k=2: give another"
@@ -387,8 +371,7 @@ async def test_a_filter_run_again_with_another_model_or_server_is_refused_before
     refused = Rule(role="solution", pattern="Eta:", fault="http_400", times=1)
     eta = Rule(role="solution", pattern="Eta:", replies=["So \\boxed{1000}."])
     problems = tmp_path / "b.jsonl"
-    rows = [("gamma", CASES[2][1], "49"), ("eta", "Eta: what is 9*9?", "81")]
-    problems.write_text("".join(json.dumps({"problem_id": i, "question": q, "answer": a}) + "\n" for i, q, a in rows))
+    write_problems(problems, [GAMMA, ETA])
     out, run_dir = tmp_path / "hard.jsonl", tmp_path / "run"
     grading = GradeConfig(mode="rules")
 
@@ -436,9 +419,9 @@ def test_the_command_run_again_with_another_model_is_refused_before_its_estimate
     sim.set_script(SimScript(rules=[Rule(role="solution", pattern="Eta:", fault="http_400", times=1), eta]))
     sim2.set_script(SimScript(model="sim-two", rules=[eta]))
     problems = tmp_path / "b.jsonl"
-    problems.write_text(json.dumps({"problem_id": "eta", "question": "Eta: what is 9*9?", "answer": "81"}) + "\n")
+    write_problems(problems, [ETA])
     out = tmp_path / "hard.jsonl"
-    command = ("data", "filter", str(problems), "-o", str(out), "-k", "2", "--grade", "rules")
+    command = filter_command(problems, out, 2)
     first = tmas(*command, "--base-url", sim.base_url)
     assert first.returncode == 0, first.stderr.decode()
     assert json.loads((tmp_path / "hard.card.json").read_text())["failed_samples"] == 1
@@ -492,7 +475,7 @@ async def test_a_sample_whose_judge_failed_is_not_counted_as_unsolved(tmp_path: 
     # alpha's four samples all box the right 6, but the judge's calls are refused: its verdicts are undecided. Before,
     # an undecided verdict counted as wrong, so alpha looked solved 0 times in 4 and was kept and selected as hard.
     problems = tmp_path / "b.jsonl"
-    problems.write_text(json.dumps({"problem_id": "alpha", "question": CASES[0][1], "answer": "6"}) + "\n")
+    write_problems(problems, [("alpha", CASES[0][1], "6")])
     out, run_dir = tmp_path / "hard.jsonl", tmp_path / "run"
     grading = GradeConfig(mode="judge", judge_runs=1)
 

@@ -384,15 +384,23 @@ async def test_points_whose_names_meet_run_in_directories_of_their_own(tmp_path:
     assert expand(spec)[0].name == points[0].name  # stable: a resumed sweep finds its runs
 
 
-def test_a_sweep_run_again_with_a_grid_that_leaves_points_out_says_which(
-    sim: SimServer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
+def swept_k_1_2(sim: SimServer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """The arguments of a sweep of majority vote into sw under tmp_path (all but --grid), after it ran over
+    k = 1, 2 on the simulated server (1 + 2 samples a problem) and said nothing of another grid."""
     monkeypatch.chdir(tmp_path)
     problems = write_problems(tmp_path / "p.jsonl")
     args = ["sweep", "--out", "sw", "--problems", problems, "-m", "majority", "-p", "iterations=1"]
     args += ["--base-url", sim.base_url, "--no-report"]
     first = CliRunner().invoke(app, [*args, "--grid", "k=1,2"])
     assert first.exit_code == 0, first.output
+    assert "another grid" not in first.output and len(sim.chat_bodies()) == 3 * len(PROBLEMS)
+    return args
+
+
+def test_a_sweep_run_again_with_a_grid_that_leaves_points_out_says_which(
+    sim: SimServer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    args = swept_k_1_2(sim, tmp_path, monkeypatch)
     sent = len(sim.chat_bodies())
     again = CliRunner().invoke(app, [*args, "--grid", "k=1,3"])
     assert again.exit_code == 0, again.output
@@ -401,19 +409,13 @@ def test_a_sweep_run_again_with_a_grid_that_leaves_points_out_says_which(
         " runs stay under sw/runs): majority__k=2; 1 added: majority__k=3"
     ) in again.output
     # k=1 is finished and skipped: only k=3's calls are sent, 3 samples a problem.
-    assert len(sim.chat_bodies()) - sent == 3 * len(list(Path(problems).read_text().splitlines()))
+    assert len(sim.chat_bodies()) - sent == 3 * len(PROBLEMS)
 
 
 def test_a_sweep_run_again_with_a_grid_that_adds_points_says_which(
     sim: SimServer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.chdir(tmp_path)
-    problems = write_problems(tmp_path / "p.jsonl")
-    args = ["sweep", "--out", "sw", "--problems", problems, "-m", "majority", "-p", "iterations=1"]
-    args += ["--base-url", sim.base_url, "--no-report"]
-    first = CliRunner().invoke(app, [*args, "--grid", "k=1,2"])
-    assert first.exit_code == 0, first.output
-    assert "another grid" not in first.output
+    args = swept_k_1_2(sim, tmp_path, monkeypatch)
     sent = len(sim.chat_bodies())
     again = CliRunner().invoke(app, [*args, "--grid", "k=1,2,3"])
     assert again.exit_code == 0, again.output
