@@ -90,6 +90,8 @@ def test_every_reader_sees_the_texts_written(tmp_path: Path, read_only: bool) ->
         assert list(store.calls("p1")) == [c for c in expected if c.key.problem_id == "p1"]
         # One iteration of a problem (the viewer's iteration page), in the order stored.
         assert list(store.calls("p1", 1)) == [c for c in expected if c.key.problem_id == "p1" and c.key.iteration == 1]
+        # One iteration of every problem.
+        assert list(store.calls(iteration=1)) == [c for c in expected if c.key.iteration == 1]
         for (c, r), call_id, stored in zip(written, ids, expected, strict=True):
             assert store.call(call_id) == stored
             assert store.call_messages(call_id) == [m.model_dump() for m in r.messages]

@@ -106,15 +106,15 @@ class CallLog:
     def iterate(self, problem_id: str | None = None, iteration: int | None = None) -> Iterator[Completion]:
         """The calls (of ``problem_id``, of its ``iteration``) in the order they were stored. Each is read with its
         texts, so a page that shows one iteration asks for that one: a problem of the paper's size holds 20."""
+        kept = [
+            (column, value)
+            for column, value in (("problem_id", problem_id), ("iteration", iteration))
+            if value is not None
+        ]
         query = f"SELECT {_CALL_COLUMNS} FROM calls"
-        args: tuple[Any, ...] = ()
-        if problem_id is not None:
-            query += " WHERE problem_id = ?"
-            args = (problem_id,)
-            if iteration is not None:
-                query += " AND iteration = ?"
-                args += (iteration,)
-        for row in self._db.execute(query + " ORDER BY id", args):
+        if kept:
+            query += " WHERE " + " AND ".join(f"{column} = ?" for column, _ in kept)
+        for row in self._db.execute(query + " ORDER BY id", tuple(value for _, value in kept)):
             yield self._completion(row)
 
     def outside(self, problem_id: str, iterations: set[int]) -> Iterator[Completion]:
