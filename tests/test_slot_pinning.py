@@ -96,12 +96,12 @@ def test_each_problem_keeps_to_one_slot_of_one_replica(tmp_path: Path, sim: SimS
 
 def test_nothing_is_pinned_without_pin_slots_or_with_fewer_problems_than_slots(tmp_path: Path, sim: SimServer) -> None:
     _run(tmp_path, "off", sim, endpoint__max_in_flight=2, problems_in_flight=2)
-    assert all("id_slot" not in r.body for r in sim.requests)
+    assert sim.requests and all("id_slot" not in r.body for r in sim.requests)
     sim.reset()
     # One problem on a 2-slot endpoint: its N = 2 candidates still go out together, unpinned.
     sim.set_script(SimScript(latency_s=0.05))
     _run(tmp_path, "one", sim, problems=1, endpoint__max_in_flight=2, endpoint__pin_slots=True)
-    assert all("id_slot" not in r.body for r in sim.requests)
+    assert sim.requests and all("id_slot" not in r.body for r in sim.requests)
     assert sim.stats().max_in_flight == 2
 
 
