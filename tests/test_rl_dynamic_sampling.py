@@ -140,6 +140,13 @@ def test_a_grpo_step_trains_only_on_groups_whose_rewards_differ(tmp_path: Path) 
     scored = [json.loads(line) for line in (tmp_path / "rewards.jsonl").read_text().splitlines()]
     assert len(scored) == 4 * 2
     assert sorted(trainer.last_trained_groups) == ["run/p1/1/guideline", "run/p3/1/guideline"]
+    # Each logged rollout says whether the step trained on it: the dropped groups' rows are marked.
+    assert {(r["group"], r["trained"]) for r in scored} == {
+        ("run/p1/1/guideline", True),
+        ("run/p2/1/normal", False),
+        ("run/p3/1/guideline", True),
+        ("run/p4/1/normal", False),
+    }
     trained = trainer._buffered_inputs[0]
     assert trained["advantages"].shape[0] == 4 and bool((trained["advantages"] != 0).all())
     step = json.loads((tmp_path / "out" / "steps.jsonl").read_text())

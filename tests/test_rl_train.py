@@ -157,6 +157,7 @@ def test_one_grpo_step_changes_the_weights(judge_sim: SimServer, tmp_path: Path)
     assert changed, "one GRPO step left every weight as it was"
     logged = [json.loads(line) for line in log.read_text().splitlines()]
     assert len(logged) == 3 * 4  # three prompt groups of four rollouts, scored once although TRL has 3 functions
+    assert all(r["trained"] is True for r in logged)  # no dynamic sampling: the step trains on every group
     experience = [r for r in logged if r["task"] == "experience"]
     # The experience group reached the reward functions whole: two Base and two Bank rollouts, one p_base.
     assert sorted(r["variant"] for r in experience) == ["bank", "bank", "base", "base"]
@@ -412,6 +413,91 @@ def test_step_components_and_resume_trimming(tmp_path: Path) -> None:
     trim_logs(tmp_path, 2)  # resumed from checkpoint-2: step 3 (scored at step 2) is trained again
     assert [r["step"] for r in read_rows(tmp_path / "steps.jsonl")] == [1, 2]
     assert [r["step"] for r in read_rows(tmp_path / "rewards.jsonl")] == [0, 0, 1]
+
+
+def test_under_several_processes_the_main_one_alone_writes_the_logs(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Under accelerate every process runs the trainer and its callbacks, and each scores its own share of a batch.
+    The main process writes steps.jsonl and the rewards log, the latter with every process's rollouts gathered
+    (each once, with whether the step trained on it); another process writes neither. No real second process:
+    the rank is what the trainer state and the accelerator say, and the gather hands back the other rank's share."""
+    pytest.importorskip("trl")
+    from types import SimpleNamespace
+
+    import accelerate.utils
+    from transformers import TrainerControl, TrainerState, TrainingArguments
+
+    from tmas.rl.step_log import StepLog, read_rows
+    from tmas.rl.trl_train import record_rollouts
+
+    def scored_batch(answers: list[str]) -> HybridReward:
+        reward = HybridReward(log_path=out / "rewards.jsonl")
+        reward.hold_log = True  # as the trainer sets it
+        rows = [row("normal", "p1")] * len(answers)
+        columns = {k: [r[k] for r in rows] for k in ("extra_info", "reward_model")}
+        reward.score([f"\\boxed{{{a}}}" for a in answers], trainer_state=TrainerState(global_step=3), **columns)
+        return reward
+
+    out = tmp_path / "out"
+    out.mkdir()
+    args, control = TrainingArguments(output_dir=str(tmp_path), report_to=[]), TrainerControl()
+    other = scored_batch(["391", "7"])
+    share: list[Any] = []
+    monkeypatch.setattr(accelerate.utils, "gather_object", lambda rows: [*rows, *share])
+    record_rollouts(other, [False, False], SimpleNamespace(num_processes=2, is_main_process=False))
+    saved: list[Path] = []
+    steps = StepLog(out, other, on_save=saved.append)
+    not_main = TrainerState(global_step=4, max_steps=5, is_world_process_zero=False)
+    steps.on_log(args, not_main, control, logs={"reward": 0.0, "loss": 0.1})
+    steps.on_save(args, not_main, control)
+    steps.on_train_end(args, not_main, control)
+    assert not (out / "rewards.jsonl").exists() and not (out / "steps.jsonl").exists() and not saved
+
+    # The main process: its own two rollouts (trained) and the other process's two (a group the step dropped).
+    main = scored_batch(["391", "7"])
+    assert not (out / "rewards.jsonl").exists()  # held until the trainer knows what the step trains on
+    share[:] = zip(other.last_scored(), [False, False], strict=True)
+    record_rollouts(main, [True, True], SimpleNamespace(num_processes=2, is_main_process=True))
+    logged = read_rows(out / "rewards.jsonl")
+    assert [(r["step"], r["correct"], r["trained"]) for r in logged] == [
+        (3, True, True),
+        (3, False, True),
+        (3, True, False),
+        (3, False, False),
+    ]
+    StepLog(out, main).on_log(args, TrainerState(global_step=4, max_steps=5), control, logs={"reward": 0.0})
+    (step,) = read_rows(out / "steps.jsonl")
+    # The step's components count every process's rollouts, not the main process's alone.
+    assert (step["step"], step["normal/rollouts"], step["normal/accuracy"]) == (4, 4, 0.5)
+
+
+def test_another_process_leaves_the_logs_to_the_main_one_when_training_starts(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Starting over (no checkpoint) forgets the logged steps; only the main process rewrites the logs, so that
+    processes started together do not race on the file."""
+    datasets = pytest.importorskip("datasets")
+    pytest.importorskip("trl")
+    from types import SimpleNamespace
+
+    import accelerate
+
+    from tmas.errors import LocalModelError
+    from tmas.rl.trl_train import TrainOptions, train_policy
+
+    out = tmp_path / "out"
+    out.mkdir()
+    logged = '{"step": 1}\n{"step": 2}\n'
+    (out / "steps.jsonl").write_text(logged)
+    dataset = datasets.Dataset.from_list([row("normal", "p1")])
+    options = TrainOptions(output_dir=out, num_generations=2, use_vllm=False)
+    for main, left in ((False, logged), (True, "")):
+        monkeypatch.setattr(accelerate, "PartialState", lambda main=main: SimpleNamespace(is_main_process=main))
+        # A model that cannot load: the logs were dealt with before it.
+        with pytest.raises(LocalModelError, match="no-such-model"):
+            train_policy(dataset, options, str(tmp_path / "no-such-model"), None)
+        assert (out / "steps.jsonl").read_text() == left
 
 
 def test_logs_cut_off_by_a_kill_resume_and_other_bad_lines_are_named(tmp_path: Path) -> None:

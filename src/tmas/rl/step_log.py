@@ -114,7 +114,8 @@ def trim_logs(out: Path, step: int) -> None:
 
 class StepLog(TrainerCallback):
     """Writes ``steps.jsonl``, hands each line to ``on_row`` (the progress display), and redraws the curve at
-    every checkpoint and at the end (``on_save``)."""
+    every checkpoint and at the end (``on_save``): in the main process only, where the trainer gathers every
+    process's rollouts (:func:`tmas.rl.trl_train.record_rollouts`)."""
 
     def __init__(
         self,
@@ -139,6 +140,8 @@ class StepLog(TrainerCallback):
         self._clock = self._started = time.monotonic()
 
     def on_log(self, args: Any, state: Any, control: Any, logs: dict[str, float] | None = None, **kw: Any) -> None:
+        if not state.is_world_process_zero:
+            return  # one process writes the log (TRL's figures are already gathered over all of them)
         if not logs or "reward" not in logs:
             return  # the summary TRL logs at the end, not a step
         now = time.monotonic()
@@ -157,9 +160,9 @@ class StepLog(TrainerCallback):
             self.on_row(row)
 
     def on_save(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
-        if self.save_hook is not None:
+        if self.save_hook is not None and state.is_world_process_zero:
             self.save_hook(self.path)
 
     def on_train_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
-        if self.save_hook is not None:
+        if self.save_hook is not None and state.is_world_process_zero:
             self.save_hook(self.path)

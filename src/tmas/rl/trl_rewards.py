@@ -4,7 +4,9 @@ TRL calls every reward function on the whole local batch with the dataset's colu
 their outputs, skipping None; each function here answers for the rows of its own task and None elsewhere, so the
 sum is exactly the task's reward. The three share one scoring of the batch (the judge is asked once per rollout).
 Each scored batch is appended to ``log_path`` (JSONL: step, per-rollout reward, correctness, p_base, novelty, notes;
-``step`` is the number of optimizer steps done before the batch, so 0 for the first).
+``step`` is the number of optimizer steps done before the batch, so 0 for the first). Under the trainer
+(``hold_log``) a batch is written only once the trainer knows which of its groups the step trains on, and each row
+then says so (``trained``): dynamic sampling scores groups it then drops.
 """
 
 from __future__ import annotations
@@ -54,6 +56,10 @@ class HybridReward:
         # </think> (tmas.rl.scoring.completion_answer).
         self.think_opened = think_opened
         self._last: tuple[tuple[str, ...], list[RewardBreakdown]] | None = None
+        # The optimizer steps done before the last batch scored (TRL's global_step; None outside the trainer).
+        self.last_step: int | None = None
+        # Set by the trainer: score() leaves the batch to record(), called with the groups the step trains on.
+        self.hold_log = False
         # Every rollout scored since the last drain() (the per-step log's share).
         self._pending: list[RewardBreakdown] = []
 
@@ -74,12 +80,28 @@ class HybridReward:
             return self._last[1]
         scored = score_rollouts(rollouts, self.judge, beta=self.beta, think_opened=self.think_opened)
         self._last = (key, scored)
-        self._pending.extend(scored)
-        if self.log_path is not None:
-            with self.log_path.open("a", encoding="utf-8") as fh:
-                for b in scored:
-                    fh.write(json.dumps({"step": step, **b.model_dump(mode="json")}, ensure_ascii=False) + "\n")
+        self.last_step = step
+        if not self.hold_log:
+            self.record(scored, step)
         return scored
+
+    def record(
+        self, scored: Sequence[RewardBreakdown], step: int | None, trained: Sequence[bool] | None = None
+    ) -> None:
+        """Count ``scored`` in the next drain() and append it to the log, each row with whether the step trained on
+        it where ``trained`` is given."""
+        self._pending.extend(scored)
+        if self.log_path is None:
+            return
+        flags: Sequence[bool | None] = [None] * len(scored) if trained is None else trained
+        lines = []
+        for b, flag in zip(scored, flags, strict=True):
+            row = {"step": step, **b.model_dump(mode="json")}
+            if flag is not None:
+                row["trained"] = flag
+            lines.append(json.dumps(row, ensure_ascii=False) + "\n")
+        with self.log_path.open("a", encoding="utf-8") as fh:
+            fh.write("".join(lines))
 
     def last_scored(self) -> list[RewardBreakdown]:
         """The last batch scored, in the batch's order (what the reward functions returned for it)."""

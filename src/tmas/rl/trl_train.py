@@ -123,6 +123,8 @@ class TMASGRPOTrainer(GRPOTrainer):
     ):
         super().__init__(*args, **kwargs)
         self.hybrid_reward = hybrid_reward
+        # Its rewards log is written here, once the groups the step trains on are known (record_rollouts).
+        hybrid_reward.hold_log = True
         # Every token that ends a rollout (:func:`tmas.rl.hf_generate.stop_ids`); TRL's own is the tokenizer's alone.
         self.stops = frozenset(stops)
         # Groups a step trains on; None: every group generated.
@@ -163,8 +165,10 @@ class TMASGRPOTrainer(GRPOTrainer):
         batch = super()._generate_and_score_completions(inputs)
         n = int(self.num_generations or 1)
         groups = [str(x["extra_info"]["group"]) for x in inputs[::n]]
-        if self.train_groups is None or not self.training_mode():
-            self.last_trained_groups = groups
+        training = self.training_mode()
+        if self.train_groups is None or not training:
+            self.last_trained_groups = groups if training else []
+            record_rollouts(self.hybrid_reward, [training] * len(inputs), self.accelerator)
             return batch
         rewards = [b.reward for b in self.hybrid_reward.last_scored()]
         spread = groups_with_spread(rewards, n)
@@ -174,7 +178,22 @@ class TMASGRPOTrainer(GRPOTrainer):
         metrics["dynamic/groups_with_spread"].append(float(sum(spread)))
         metrics["dynamic/groups_trained_without_spread"].append(float(sum(not spread[g] for g in chosen)))
         self.last_trained_groups = [groups[g] for g in chosen]
+        kept = set(chosen)
+        record_rollouts(self.hybrid_reward, [row // n in kept for row in range(len(inputs))], self.accelerator)
         return keep_rows(batch, group_rows(chosen, n), len(inputs))
+
+
+def record_rollouts(reward: HybridReward, trained: Sequence[bool], accelerator: Any) -> None:
+    """The last batch ``reward`` scored, each rollout with whether the step trains on it, into the rewards log and
+    the step's reward components: every process's rollouts (each scores its own share of the batch), gathered and
+    recorded by the main process alone, so that no row is written twice and none is lost."""
+    rows: list[tuple[Any, bool]] = list(zip(reward.last_scored(), trained, strict=True))
+    if accelerator.num_processes > 1:
+        from accelerate.utils import gather_object
+
+        rows = gather_object(rows)
+    if accelerator.is_main_process:
+        reward.record([b for b, _ in rows], reward.last_step, [t for _, t in rows])
 
 
 def cut_at_stops(completion_ids: Any, logprobs: Any, stops: Collection[int]) -> tuple[list[list[int]], Any]:
@@ -378,8 +397,12 @@ def train_policy(
     check_groups(dataset, options)
     out = options.output_dir
     out.mkdir(parents=True, exist_ok=True)
-    # Steps after the checkpoint are trained again; without one (a run stopped before its first), all of them.
-    trim_logs(out, checkpoint_step(resume_from) if resume_from is not None else 0)
+    from accelerate import PartialState
+
+    if PartialState().is_main_process:
+        # Steps after the checkpoint are trained again; without one (a run stopped before its first), all of them.
+        # The main process alone writes the logs, and alone rewrites them here (several would race on the file).
+        trim_logs(out, checkpoint_step(resume_from) if resume_from is not None else 0)
     policy, tokenizer = load_policy(model_spec, dataset, options.dtype)
     if options.lora_rank:
         record_base(out, model_spec, policy, tokenizer)
