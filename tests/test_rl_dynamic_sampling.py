@@ -91,6 +91,53 @@ def test_trl_configuration_from_the_options(tmp_path: Path) -> None:
     assert not TrainOptions(output_dir=tmp_path, groups_per_step=4).dynamic_sampling
 
 
+def test_mask_truncated_reaches_trl_and_is_refused_where_trl_would_misread_an_end(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Off by default (the paper says nothing of cut rollouts); ``--mask-truncated`` is TRL's
+    mask_truncated_completions. TRL takes a rollout for cut unless it ends at the tokenizer's end token or padding,
+    so a policy that also ends at another token is refused rather than having its finished rollouts masked."""
+    datasets = pytest.importorskip("datasets")
+    pytest.importorskip("trl")
+    from typer.testing import CliRunner
+
+    import tmas.rl.trl_train as trl_train
+    from test_rl_train import row
+    from tmas.cli.main import app
+    from tmas.rl.data import write_parquet
+    from tmas.rl.trl_rewards import HybridReward
+
+    assert not trl_train.grpo_config(TrainOptions(output_dir=tmp_path)).mask_truncated_completions
+    options = TrainOptions(output_dir=tmp_path, num_generations=2, mask_truncated=True, use_vllm=False)
+    assert trl_train.grpo_config(options).mask_truncated_completions
+
+    data = tmp_path / "train.parquet"
+    write_parquet([row("normal", "p1")], data)
+    seen: list[TrainOptions] = []
+    monkeypatch.setattr(trl_train, "train_policy", lambda _d, o, *a, **k: (seen.append(o), (tmp_path, 0))[1])
+    base = ["rl", "train", str(data), "-o", str(tmp_path / "out"), "--model", "tiny", "--num-generations", "2"]
+    for flags, masked in (([], False), (["--mask-truncated"], True)):
+        done = CliRunner().invoke(app, [*base, *flags])
+        assert done.exit_code == 0, done.output
+        assert seen.pop().mask_truncated is masked
+    monkeypatch.undo()
+
+    dataset = datasets.Dataset.from_list([row("normal", "p1")])
+    model, tokenizer = trl_train.load_policy("tiny", dataset)
+    trainer = trl_train.build_trainer(model, tokenizer, dataset, options, HybridReward())
+    assert trainer.mask_truncated_completions
+    other = next(t for t in range(len(tokenizer)) if t not in (tokenizer.eos_token_id, tokenizer.pad_token_id))
+    model.generation_config.eos_token_id = [tokenizer.eos_token_id, other]
+    with pytest.raises(
+        ConfigError, match=rf"--mask-truncated: the policy's rollouts also end at token ids \[{other}\]"
+    ):
+        trl_train.build_trainer(model, tokenizer, dataset, options, HybridReward())
+    # Without the option such a policy trains as before.
+    trl_train.build_trainer(
+        model, tokenizer, dataset, options.model_copy(update={"mask_truncated": False}), HybridReward()
+    )
+
+
 def test_batch_options_that_cannot_work_are_refused(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match="--generate-groups 2 is below --groups-per-step 4"):
         TrainOptions(output_dir=tmp_path, groups_per_step=4, generate_groups=2)

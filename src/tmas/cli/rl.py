@@ -128,6 +128,13 @@ def train(
     max_completion_length: Annotated[
         int, typer.Option("--max-completion-length", help="Tokens per rollout.", min=1)
     ] = train_default("max_completion_length"),
+    mask_truncated: Annotated[
+        bool,
+        typer.Option(
+            "--mask-truncated/--train-truncated",
+            help="Leave rollouts cut at --max-completion-length out of the loss (TRL's mask_truncated_completions).",
+        ),
+    ] = train_default("mask_truncated"),
     use_vllm: Annotated[
         bool | None, typer.Option("--vllm/--no-vllm", help="vLLM generation (default: when installed with CUDA).")
     ] = train_default("use_vllm"),
@@ -228,6 +235,7 @@ def train(
         learning_rate=learning_rate,
         experience_beta=experience_beta,
         max_completion_length=max_completion_length,
+        mask_truncated=mask_truncated,
         use_vllm=use_vllm,
         seed=seed,
         lora_rank=lora_rank,

@@ -26,6 +26,9 @@ class TrainOptions(BaseModel):
     temperature: float = 1.0
     top_p: float = Field(default=0.95, gt=0.0, le=1.0)
     max_completion_length: int = Field(default=2048, ge=1)
+    # Leave a rollout cut at max_completion_length out of the loss (TRL's mask_truncated_completions). Off, as the
+    # paper says nothing of such rollouts: by default one is graded on the answer it boxed before the cut, if any.
+    mask_truncated: bool = False
     max_steps: int = Field(default=190, ge=1)
     # Prompt groups per optimizer step, per process (A.4: 128 prompts over all GPUs).
     groups_per_step: int = Field(default=1, ge=1)

@@ -82,6 +82,7 @@ def grpo_config(options: TrainOptions) -> GRPOConfig:
         temperature=options.temperature,
         top_p=options.top_p,
         max_completion_length=options.max_completion_length,
+        mask_truncated_completions=options.mask_truncated,
         max_steps=options.max_steps,
         use_vllm=use_vllm,
         # Colocated only: TRL's server mode generates for every num_generations-th prompt alone (it assumes a
@@ -290,6 +291,8 @@ def build_trainer(
     # the model's generation config names (TRL stops at the tokenizer's alone). vLLM reads the generation config's
     # end tokens itself.
     stops = stop_ids(model, tokenizer)
+    if options.mask_truncated:
+        check_truncation_test(stops, tokenizer)
     if not config.use_vllm:
         config.generation_kwargs = {"eos_token_id": stops}
     return TMASGRPOTrainer(
@@ -303,6 +306,17 @@ def build_trainer(
         train_groups=options.groups_per_step if options.dynamic_sampling else None,
         stops=stops,
     )
+
+
+def check_truncation_test(stops: Sequence[int], tokenizer: Any) -> None:
+    """TRL counts a rollout as cut at the length limit when its last token is neither the tokenizer's end token nor
+    its padding; a rollout that ended at another of the policy's end tokens would be left out of the loss too."""
+    others = [t for t in stops if t not in (tokenizer.eos_token_id, tokenizer.pad_token_id)]
+    if others:
+        raise ConfigError(
+            f"--mask-truncated: the policy's rollouts also end at token ids {others} (its generation config), which"
+            " TRL would take for rollouts cut at the length limit; train without --mask-truncated"
+        )
 
 
 def load_dataset(path: Path) -> Any:
