@@ -38,6 +38,14 @@ def _resumed(run_dir: Path, base_url: str, **overrides: object) -> Settings:
     return resume_settings(stored_settings(run_dir), {"endpoint.base_url": [base_url], **overrides})
 
 
+async def _resume_refused(run_dir: Path, settings: Settings) -> InputError:
+    """The refusal of a resume under ``settings``: its servers are asked what they serve before any call."""
+    store, again, todo = prepare_run(run_dir, settings, None, resume=True)
+    with store, pytest.raises(InputError) as refused:
+        await run_problems(again, todo, store)
+    return refused.value
+
+
 @pytest.mark.parametrize("finished", [True, False])
 async def test_a_resume_against_another_server_with_no_model_named_is_refused(tmp_path: Path, finished: bool) -> None:
     with SimServer(SimScript(model="model-a")) as first, SimServer(SimScript(model="model-b")) as second:
@@ -49,15 +57,14 @@ async def test_a_resume_against_another_server_with_no_model_named_is_refused(tm
             with sqlite3.connect(run_dir / "run.sqlite") as db:
                 db.execute("DELETE FROM results")
         first.reset()
-        with pytest.raises(InputError) as refused:
-            prepare_run(run_dir, _resumed(run_dir, second.base_url), None, resume=True)
+        refused = await _resume_refused(run_dir, _resumed(run_dir, second.base_url))
         assert second.chat_bodies() == [] and first.chat_bodies() == []
         # The run's own server resumes it.
         store, again, todo = prepare_run(run_dir, _resumed(run_dir, first.base_url), None, resume=True)
         with store:
             await run_problems(again, todo, store)
         assert first.chat_bodies() and second.chat_bodies() == []
-    message = str(refused.value)
+    message = str(refused)
     assert "\n" not in message
     assert f"model 'model-a' served at the solution endpoint {first.base_url} (now {second.base_url}" in message
     assert "no model is named" in message
@@ -170,9 +177,8 @@ async def test_a_reply_that_echoes_the_name_asked_is_not_shown_as_its_model(tmp_
         settings = settings_for(first, endpoint__model=None, method={"name": "majority", "params": {"k": 2}})
         run_dir = tmp_path / "run"
         await _run_then_stop(run_dir, settings)
-        with pytest.raises(InputError) as refused:
-            prepare_run(run_dir, _resumed(run_dir, second.base_url), None, resume=True)
-    assert str(refused.value).startswith(f"{run_dir}: the run's replies came from the model served at the solution")
+        refused = await _resume_refused(run_dir, _resumed(run_dir, second.base_url))
+    assert str(refused).startswith(f"{run_dir}: the run's replies came from the model served at the solution")
 
 
 async def test_one_of_two_replicas_restarted_with_another_model_is_refused(tmp_path: Path) -> None:
@@ -186,3 +192,17 @@ async def test_one_of_two_replicas_restarted_with_another_model_is_refused(tmp_p
             assert [c.shown for c in setup.changed_servers(store, await served_now(setup, store))] == [
                 f"solution model at {two.base_url} 'model-a' (now 'model-b')"
             ]
+
+
+async def test_a_run_moved_to_a_server_that_serves_its_model_resumes(tmp_path: Path) -> None:
+    # The server started again on another port with the same model: the replies would come from the model the stored
+    # ones came from, and the resume goes on there with no model named.
+    with SimServer(SimScript(model="model-a")) as first, SimServer(SimScript(model="model-a")) as second:
+        settings = settings_for(first, endpoint__model=None, method={"name": "majority", "params": {"k": 2}})
+        run_dir = tmp_path / "run"
+        await _run_then_stop(run_dir, settings)
+        first.reset()
+        store, again, todo = prepare_run(run_dir, _resumed(run_dir, second.base_url), None, resume=True)
+        with store:
+            summary = await run_problems(again, todo, store)
+        assert summary.done == 2 and second.chat_bodies() and first.chat_bodies() == []

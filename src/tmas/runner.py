@@ -408,7 +408,8 @@ class RunSetup:
     def changed_servers(self, store: RunStore, served: Mapping[str, list[str]] | None = None) -> list[ServerChange]:
         """The roles of this setup's method, where no model is named (each server answers with a model of its own),
         whose replies would now come from another model than ``store``'s replies of them did: their endpoint URLs are
-        not those the replies came from (another model may answer there), or ``served`` (URL -> the models its server
+        not those the replies came from and their servers are not known to serve the replies' model (another model
+        may answer there), or ``served`` (URL -> the models its server
         lists now: :func:`tmas.llm.preflight.served_models`) says their server serves another model than the stored
         replies reported (a server restarted with another model at the same URL). None where no reply of those roles
         is stored (nothing would be mixed) or the recorded settings are another version's. A named model is compared
@@ -420,19 +421,27 @@ class RunSetup:
         served = served or {}
         changed = []
         for role in roles:
-            old, new = _served_by(before, role), _served_by(self.settings, role)
-            if old is None or new is None:
+            recorded, new = _served_by(before, role), _served_by(self.settings, role)
+            if recorded is None or new is None:
                 continue
-            replied = next((c.model for c in store.calls() if c.ok and c.key.role == role), None)
+            # The URLs the replies came from, as stored with them: the run's recorded settings are those of its last
+            # start, which a refused resume may have been.
+            replied, came_from = store.reply_model_endpoints(role)
+            old = [url for url in came_from if url.startswith(("http://", "https://"))] or recorded
             # A reply that says DEFAULT_MODEL echoes the name asked (llama-server, SGLang): it names no model.
             named = replied if replied != DEFAULT_MODEL else None
-            if old != new:
-                listed = [name for url in new for name in served.get(url, [])]
+            # Other URLs than the replies came from, where what they serve (or the replies' model) is unknown:
+            # another model may answer there. Those that list what they serve are compared below, as the run's own.
+            moved_to = [url for url in new if url not in old]
+            listed = [name for url in new for name in served.get(url, [])]
+            if moved_to and (not named or any(not served.get(url) for url in moved_to)):
                 changed.append(ServerChange(role, old, new, named, listed, moved=True))
                 continue
             # Each replica's server on its own: one of two restarted with another model mixes its replies in alike.
             other = next((url for url in new if named and served.get(url) and named not in served[url]), None)
-            if other is not None:
+            if other in moved_to:
+                changed.append(ServerChange(role, old, new, named, listed, moved=True))
+            elif other is not None:
                 changed.append(ServerChange(role, old, [other], named, served[other], moved=False))
         return changed
 
@@ -470,8 +479,9 @@ class RunSetup:
         other requests than the run's recorded settings did (:meth:`changed_requests`), or sends them or reads their
         replies otherwise (:meth:`changed_handling`): the run would then hold results of two configurations under one
         record of its settings. Where no model is named, also where another model would answer (:meth:`check_servers`;
-        ``served``: what the servers list now, where asked)."""
-        self.check_servers(store, served)
+        ``served``: what the servers list now; where not asked, :func:`run_problems` asks them before any call)."""
+        if served is not None:
+            self.check_servers(store, served)
         finished = store.finished_problem_ids(run_fingerprint(self.method, self.settings))
         if not finished:
             return

@@ -126,6 +126,16 @@ class CallLog:
         for row in self._db.execute(query + " ORDER BY id", (problem_id, *sorted(iterations))):
             yield self._completion(row)
 
+    def reply_model_endpoints(self, role: str) -> tuple[str | None, list[str]]:
+        """The model ``role``'s first answered call reported, and the URLs its answered calls came from."""
+        first = self._db.execute(
+            "SELECT model FROM calls WHERE role = ? AND error IS NULL ORDER BY id LIMIT 1", (role,)
+        ).fetchone()
+        rows = self._db.execute(
+            "SELECT DISTINCT endpoint FROM calls WHERE role = ? AND error IS NULL AND endpoint IS NOT NULL", (role,)
+        )
+        return (first[0] if first else None), sorted(row[0] for row in rows)
+
     def problem_ids(self) -> set[str]:
         """The problems with at least one finished call stored (what a resumed run replays)."""
         rows = self._db.execute("SELECT DISTINCT problem_id FROM calls WHERE error IS NULL")

@@ -171,6 +171,9 @@ class RunStore:
     def call_sampling_sources(self, call_id: int) -> dict[str, str] | None:
         return self._call_log.sampling_sources(call_id)
 
+    def reply_model_endpoints(self, role: str) -> tuple[str | None, list[str]]:
+        return self._call_log.reply_model_endpoints(role)
+
     def problems_with_calls(self) -> set[str]:
         return self._call_log.problem_ids()
 
