@@ -19,7 +19,7 @@ from pathlib import Path
 import click
 import pytest
 
-from conftest import clean_env, run_tmas, scripted_settings
+from conftest import clean_env, dead_url, run_tmas, scripted_settings
 from scripted_runs import GoneModel
 from tmas.api import asolve
 from tmas.cli.help_format import command_of
@@ -447,6 +447,18 @@ def test_models_takes_model_and_says_whether_it_is_served(sim: SimServer) -> Non
     missing = run_tmas("models", "--base-url", sim.base_url, "--model", "other", text=True)
     assert missing.returncode == 1
     assert f"default: {sim.base_url} answers but DOES NOT SERVE 'other'; models: sim-model" in missing.stdout
+
+
+def test_models_says_a_server_that_is_down_as_a_run_does() -> None:
+    # Before, the line ended in aiohttp's own words: 'ClientConnectorError: Cannot connect to host 127.0.0.1:PORT
+    # ssl:default [Connect call failed ...]'.
+    with dead_url() as dead:
+        out = run_tmas("models", "--base-url", dead, text=True)
+    assert out.returncode == 1
+    assert out.stdout.strip() == (
+        f"default: {dead} NOT ANSWERING: cannot connect: connection refused; start the server there or correct"
+        " --base-url"
+    )
 
 
 def test_models_names_the_base_url_to_give_where_the_server_answers_under_another_path(sim: SimServer) -> None:

@@ -417,8 +417,8 @@ def models(
     configured model (--model); or the model run in process (--hf-model)."""
     import os
 
-    from tmas.llm.preflight import base_url_fix
-    from tmas.llm.replica import list_models
+    from tmas.llm.preflight import UNREACHABLE_FIX, base_url_fix
+    from tmas.llm.replica import NoConnection, list_models
 
     chosen = ModelFlags(config=config, base_url=base_url, model=model, api_key_env=api_key_env, hf_model=hf_model)
     settings = chosen.settings()
@@ -448,6 +448,11 @@ def models(
         for role, url, key, wanted in targets:
             try:
                 ids = await list_models(url, key)
+            except NoConnection as exc:
+                # Said as the check before a run says it (tmas.llm.preflight).
+                typer.echo(f"{role}: {url} NOT ANSWERING: cannot connect: {exc}; {UNREACHABLE_FIX}")
+                healthy = False
+                continue
             except TmasError as exc:
                 # A 404 from a server that answers under another path: which base URL to give.
                 own = None if role == "default" else role

@@ -22,7 +22,7 @@ import aiohttp
 from tmas.config import Settings
 from tmas.errors import ConfigError
 from tmas.llm.model import EndpointUnreachable
-from tmas.llm.replica import auth_headers
+from tmas.llm.replica import auth_headers, connect_failure
 from tmas.llm.routes import DEFAULT_MODEL, Routes
 from tmas.llm.server_kind import server_kind
 
@@ -32,6 +32,8 @@ CONNECT_TRIES = 3
 CONNECT_PAUSE_S = 0.5
 # How long a probe waits for a connection and for the model card; a slow answer is not this check's business.
 PROBE_TIMEOUT_S = 5.0
+# What to do about an endpoint no connection could be made to, said by the check before a run and by 'tmas models'.
+UNREACHABLE_FIX = "start the server there or correct --base-url"
 # What tmas adds to a base URL for a chat call: a base URL that already ends in it was copied from a server's docs.
 CHAT_PATH = "/chat/completions"
 # The replica sets that answered in this process, each with the model name asked of it (roles that share a URL may
@@ -62,8 +64,8 @@ async def check_endpoints(settings: Settings, roles: Iterable[str]) -> None:
             if all(isinstance(a, str) for a in answers):
                 whose = "" if role == "solution" else f" (the endpoint of role {role!r})"
                 raise EndpointUnreachable(
-                    f"cannot connect to {', '.join(urls)}{whose}: {answers[0]}; start the server there or correct"
-                    " --base-url ('tmas models --base-url URL' checks an endpoint)"
+                    f"cannot connect to {', '.join(urls)}{whose}: {answers[0]}; {UNREACHABLE_FIX}"
+                    " ('tmas models --base-url URL' checks an endpoint)"
                 )
             fix = _url_fix(settings, role)
             for url, status in zip(urls, answers, strict=True):
@@ -156,8 +158,7 @@ async def _models_reply(session: aiohttp.ClientSession, url: str, api_key: str |
                     body = None
                 return resp.status, body
         except aiohttp.ClientConnectorError as exc:
-            error = exc.os_error
-            reason = "connection refused" if isinstance(error, ConnectionRefusedError) else str(error)
+            reason = connect_failure(exc)
         except (aiohttp.ClientError, TimeoutError):
             return 0, None  # connected, or slow: the calls will say more
     return reason

@@ -250,8 +250,20 @@ def context_length(models: Any) -> int | None:
     return None
 
 
+class NoConnection(LLMError):
+    """No connection could be made to a server (nothing listens at its port, an unknown host): its message is why,
+    in the system's words (:func:`connect_failure`)."""
+
+
+def connect_failure(exc: aiohttp.ClientConnectorError) -> str:
+    """Why no connection was made: ``connection refused`` for a port nobody listens at, else the system's words."""
+    error = exc.os_error
+    return "connection refused" if isinstance(error, ConnectionRefusedError) else str(error)
+
+
 async def list_models(url: str, api_key: str | None = None) -> list[str]:
-    """Model ids served at ``url`` (raises :class:`LLMError` with the reason when it does not answer)."""
+    """Model ids served at ``url`` (raises :class:`LLMError` with the reason when it does not answer,
+    :class:`NoConnection` when no connection could be made)."""
     try:
         async with (
             aiohttp.ClientSession() as session,
@@ -263,6 +275,8 @@ async def list_models(url: str, api_key: str | None = None) -> list[str]:
             if resp.status != 200:
                 raise LLMError(f"HTTP {resp.status}: {error_message(text)}")
             data = json.loads(text)
+    except aiohttp.ClientConnectorError as exc:
+        raise NoConnection(connect_failure(exc)) from None
     except (aiohttp.ClientError, TimeoutError, ValueError) as exc:
         raise LLMError(f"{type(exc).__name__}: {exc}") from None
     return [str(m.get("id")) for m in data.get("data", []) if isinstance(m, dict)]
