@@ -449,6 +449,29 @@ def test_models_takes_model_and_says_whether_it_is_served(sim: SimServer) -> Non
     assert f"default: {sim.base_url} answers but DOES NOT SERVE 'other'; models: sim-model" in missing.stdout
 
 
+@pytest.mark.parametrize("command", ["run", "eval", "solve", "sweep", "data filter", "serve"])
+def test_a_prompts_dir_that_is_no_folder_is_said_before_the_estimate(
+    sim: SimServer, tmp_path: Path, command: str
+) -> None:
+    # Before, it was said when the run was made: after the estimate (a --dry-run passed with exit code 0, the gate
+    # asked about calls that could not start), and tmas serve started and refused every request with it.
+    write_problems(tmp_path / "p.jsonl", 1)
+    problems, out, missing = str(tmp_path / "p.jsonl"), str(tmp_path / "out"), str(tmp_path / "no-prompts")
+    given = {
+        "run": ["run", problems, "-o", out, "-m", "cot", "--dry-run"],
+        "eval": ["eval", problems, "-o", out, "-m", "cot", "--dry-run"],
+        "solve": ["solve", Q, "-m", "cot", "--dry-run"],
+        "sweep": ["sweep", "--problems", problems, "-m", "cot", "-o", out, "--dry-run"],
+        "data filter": ["data", "filter", problems, "-o", str(tmp_path / "out.jsonl"), "--dry-run"],
+        "serve": ["serve", "--port", "0", "--dir", out],
+    }[command]
+    result = run_tmas(*given, "--base-url", sim.base_url, "--prompts-dir", missing, text=True, timeout=60)
+    assert result.returncode == 2, result.stderr
+    assert result.stderr.strip().splitlines() == [f"tmas: error: {missing}: prompts_dir is not a directory"]
+    assert sim.requests == []
+    assert not (tmp_path / "out").exists()
+
+
 def test_models_says_a_server_that_is_down_as_a_run_does() -> None:
     # Before, the line ended in aiohttp's own words: 'ClientConnectorError: Cannot connect to host 127.0.0.1:PORT
     # ssl:default [Connect call failed ...]'.

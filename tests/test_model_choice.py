@@ -5,13 +5,16 @@ a stored run replaces the choice made there, and the run's settings name what it
 from __future__ import annotations
 
 import json
+import sys
 from pathlib import Path
 
 import pytest
 
-from conftest import run_tmas
+from conftest import isolate, run_tmas
+from tmas.cli import main as cli_main
 from tmas.cli.options import ModelFlags
 from tmas.config import Settings, load_settings, with_overrides
+from tmas.errors import InputError
 from tmas.runner import resume_settings
 from tmas.testing import SimServer
 
@@ -96,16 +99,56 @@ def test_a_missing_model_is_said_before_the_estimate(
     assert _chat_requests(sim) == sent
 
 
-def test_solve_says_which_model_it_starts_over_a_configured_endpoint(sim: SimServer, tmp_path: Path) -> None:
+@pytest.mark.parametrize(("model_flag", "setting"), [("--local-model", "local.model"), ("--hf-model", "hf.model")])
+@pytest.mark.parametrize("command", ["sweep", "data filter"])
+def test_a_missing_model_is_said_before_the_estimate_of_a_sweep_and_a_filter(
+    tmp_path: Path, command: str, model_flag: str, setting: str
+) -> None:
+    # Before, a sweep and a difficulty filter printed their cost estimate first and a --dry-run passed with exit code
+    # 0, as a run did; now each says the model in one line, as a run does, and makes nothing.
+    out = tmp_path / "out"
+    where = ["--problems", _problems(tmp_path), "-m", "cot"] if command == "sweep" else [_problems(tmp_path)]
+    result = run_tmas(*command.split(), *where, "-o", str(out), model_flag, MISSING_GGUF, "--dry-run", text=True)
+    assert result.returncode == 2, result.stderr
+    [line] = result.stderr.strip().splitlines()
+    assert line.startswith(f"tmas: error: {setting} ({model_flag}) '{MISSING_GGUF}' is neither"), line
+    assert line.endswith(": 'tmas models' lists them"), line
+    assert not out.exists()
+
+
+def test_serve_says_a_missing_local_model_as_a_run_does(tmp_path: Path) -> None:
+    # Before, the embedded server's launch said "model '...' is neither ...", without the setting or flag it came from.
+    result = run_tmas(
+        "serve", "--local-model", MISSING_GGUF, "--port", "0", "--dir", str(tmp_path / "serve"), text=True, timeout=60
+    )
+    assert result.returncode == 2, result.stderr
+    [line] = result.stderr.strip().splitlines()
+    assert line.startswith(f"tmas: error: local.model (--local-model) '{MISSING_GGUF}' is neither"), line
+
+
+def test_solve_says_which_model_it_starts_over_a_configured_endpoint(
+    sim: SimServer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
     config = tmp_path / "cfg.toml"
     config.write_text(f'[endpoint]\nbase_url = "{sim.base_url}"\n', encoding="utf-8")
-    result = run_tmas(
-        "solve", "What is 17*23?", "-m", "cot", "--config", str(config), "--local-model", MISSING_GGUF, text=True
-    )
-    lines = result.stderr.strip().splitlines()
+    asked = ["solve", "What is 17*23?", "-m", "cot", "--config", str(config), "--local-model"]
+    # A model that is no file and no known name is said in one line, before the estimate, as a run says it.
+    result = run_tmas(*asked, MISSING_GGUF, text=True)
+    assert result.returncode == 2, result.stderr
+    [line] = result.stderr.strip().splitlines()
+    assert line.startswith(f"tmas: error: local.model (--local-model) '{MISSING_GGUF}' is neither"), line
+
+    async def solving(*args: object) -> None:  # the embedded model is not started here
+        raise InputError("not solved here")
+
+    isolate(monkeypatch, tmp_path)
+    monkeypatch.setattr(cli_main, "_solving", solving)
+    monkeypatch.setattr(sys, "argv", ["tmas", *asked, "smollm2-135m", "--yes"])
+    with pytest.raises(SystemExit):
+        cli_main.main()
+    lines = capsys.readouterr().err.strip().splitlines()
     # Not "no endpoint configured": the config file configures one, which the flag replaced.
-    assert f"tmas: starting the embedded model {MISSING_GGUF}" in lines, result.stderr
-    assert result.returncode == 2 and f"local.model (--local-model) '{MISSING_GGUF}'" in lines[-1]
+    assert lines[-2:] == ["tmas: starting the embedded model smollm2-135m", "tmas: error: not solved here"]
     assert _chat_requests(sim) == 0
 
 

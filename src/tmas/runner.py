@@ -1003,6 +1003,16 @@ def check_embedded_model(settings: Settings) -> None:
                 raise ConfigError(f"hf.model (--hf-model) {exc}") from None
 
 
+def check_before_estimate(settings: Settings) -> None:
+    """What every command that sends calls checks of its settings before its cost estimate, so that an estimate (a
+    dry run's success, the gate's question) is never said of calls that could not start: a model tmas would run
+    itself that names nothing there (:func:`check_embedded_model`), and a ``prompts_dir`` (``--prompts-dir``) that is
+    no folder or holds an override that does not render (:func:`tmas.agents.overrides.check_overrides`)."""
+    check_embedded_model(settings)
+    if settings.prompts_dir:
+        check_overrides(settings.prompts_dir)
+
+
 def run_method(settings: Settings, *, own_model: bool = False) -> Method[Any]:
     """The method a run of ``settings`` solves with: the embedded model's defaults under its parameters when the run
     is on an embedded model (the local server's, or one run in process by name; no model of the caller's own:

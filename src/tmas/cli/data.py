@@ -87,10 +87,12 @@ def data_filter(
     from tmas.cli.grade_flags import check_grading_installed, read_grade_flags
     from tmas.data.difficulty_filter import filter_settings, run_filter
     from tmas.problems import resolve_dataset
+    from tmas.runner import check_before_estimate
 
     grading = read_grade_flags(grade, judge_runs)
     check_grading_installed(grading)  # before the model's calls are spent
     settings = filter_settings(flags.settings(), k, flags.given("temperature", "top_p"))
+    check_before_estimate(settings)  # as a run's: a wrong model name or --prompts-dir before the estimate
     source = resolve_dataset(problems)
     where = run_dir or out.with_name(out.stem + ".filter-run")
     cost_gate(_filter_estimate(source, where, settings, grading, k, limit), gate)

@@ -161,10 +161,12 @@ def solve(
     from tmas.cli.estimate import QUESTION_CONFIRM_CALLS, question_estimate
     from tmas.cli.estimate import gate as cost_gate
     from tmas.llm.types import cached_share_text
+    from tmas.runner import check_before_estimate
 
     text = _read_question(question, file)
     settings = question_settings(flags.settings(method, given))
     flags.check_token_flags(settings.budget)
+    check_before_estimate(settings)
     cost_gate(question_estimate(settings), gate, calls=QUESTION_CONFIRM_CALLS)
     # Said whether no endpoint is configured or --local-model / --hf-model replaced the one configured.
     if settings.uses_local_model:
@@ -254,12 +256,12 @@ def _new_run(
     ``left_out``: what the command sends beside the run, said with its estimate (``tmas eval``'s judge)."""
     from tmas.cli.estimate import build_estimate, gate
     from tmas.problems import iter_problems, resolve_dataset
-    from tmas.runner import check_embedded_model, check_new_run_dir, open_new_run
+    from tmas.runner import check_before_estimate, check_new_run_dir, open_new_run
 
     check_new_run_dir(out)  # before the estimate, whose pilot would run into the directory
-    # A model tmas would run itself that names no file or known model: said before an estimate (or a dry run's
-    # success, or the gate's question) for a run that could not start.
-    check_embedded_model(settings)
+    # A model tmas would run itself that names no file or known model, or a bad --prompts-dir: said before an
+    # estimate (or a dry run's success, or the gate's question) for a run that could not start.
+    check_before_estimate(settings)
     source = resolve_dataset(problems)
     reader = islice(iter_problems(source), limit) if limit else iter_problems(source)
     # A pilot runs on the first problems; otherwise only their count matters (a big file is not held).
@@ -281,7 +283,14 @@ def _resume_run(
 ) -> int:
     from tmas.cli.estimate import build_estimate, gate
     from tmas.planning.estimate import failed_credit, replay_credit, stored_ceiling
-    from tmas.runner import RunSetup, check_embedded_model, prepare_run, resume_settings, served_now, stored_settings
+    from tmas.runner import (
+        RunSetup,
+        check_before_estimate,
+        prepare_run,
+        resume_settings,
+        served_now,
+        stored_settings,
+    )
     from tmas.store.run_lock import running
     from tmas.store.run_store import RunStore
 
@@ -294,7 +303,7 @@ def _resume_run(
     with running(run_dir):
         pass
     settings = with_method_params(settings, given.params(settings.method.name))
-    check_embedded_model(settings)  # as a new run's: before the estimate
+    check_before_estimate(settings)  # as a new run's
     with RunStore(run_dir, create=False) as peek:
         setup = RunSetup.check(settings, resuming=run_dir)
         # A resume that would keep finished results under other settings is refused here, before the estimate: its
@@ -735,7 +744,7 @@ def sweep(
     from tmas.cli.estimate import build_estimate, gate
     from tmas.cli.progress import plain_status
     from tmas.planning.estimate import failed_credit, replay_credit, stored_over_points
-    from tmas.runner import RunState, StoreFailed, Unreachable
+    from tmas.runner import RunState, StoreFailed, Unreachable, check_before_estimate
     from tmas.sweep import (
         check_not_running,
         check_sweep_dir,
@@ -755,6 +764,7 @@ def sweep(
         flags, grid_file, out, resume, problems=problems, limit=limit, method=method, param=param, grid=grid
     )
 
+    check_before_estimate(settings)  # as a run's: a wrong model name or --prompts-dir before the estimate
     points = expand(spec, out)
     unapplied = not_applied(points)
     if unapplied is not None:

@@ -69,6 +69,7 @@ def serve(
     ] = "defaults",
 ) -> None:
     """Answer /v1/chat/completions with a method: the model name is <method>/<upstream model>."""
+    from tmas.runner import check_before_estimate
     from tmas.serve.client_sampling import CLIENT_SAMPLING
     from tmas.serve.launch import ServeOptions, serve
 
@@ -80,6 +81,7 @@ def serve(
         raise ConfigError(f"--client-sampling {client_sampling!r}: choose {' or '.join(CLIENT_SAMPLING)}")
     # The group's flags configure the upstream and the defaults of every request (sampling, budget, prompts).
     settings = flags.settings()
+    check_before_estimate(settings)  # as a run's: a wrong model name or --prompts-dir before the server starts
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     options = ServeOptions(
         host=host,
