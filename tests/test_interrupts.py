@@ -12,12 +12,16 @@ import signal
 import sqlite3
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
-from conftest import clean_env, run_tmas, wait_for
-from tmas.cli import interrupt
+from conftest import clean_env, isolate, run_tmas, wait_for
+from tmas.cli import estimate, interrupt
+from tmas.cli import main as cli_main
+from tmas.llm import preflight
 from tmas.testing import SimScript, SimServer
 
 PROBLEMS, K, T = 3, 2, 6
@@ -165,3 +169,48 @@ def test_a_signal_while_the_report_is_graded_says_how_to_write_it(tmp_path: Path
         assert again.returncode == 0, again.stderr.decode()
         assert sim.stats().total_requests == PROBLEMS  # the judge's, one a problem
     assert (out / "report" / "report.md").exists()
+
+
+@pytest.fixture
+def own_signals() -> Iterator[None]:
+    """The test process's own SIGINT and SIGTERM handlers back after an in-process command installed its own."""
+    saved = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}
+    yield
+    for sig, handler in saved.items():
+        signal.signal(sig, handler)
+
+
+def _ctrl_c(*args: Any, **kwargs: Any) -> None:
+    raise interrupt.Stopped(signal.SIGINT)
+
+
+async def _ctrl_c_while_probing(*args: Any, **kwargs: Any) -> None:
+    raise interrupt.Stopped(signal.SIGINT)
+
+
+@pytest.mark.parametrize("stopped_in", ["the cost gate", "the endpoint check"])
+@pytest.mark.usefixtures("own_signals")
+def test_ctrl_c_before_a_run_began_says_nothing_was_started(
+    sim: SimServer,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+    stopped_in: str,
+) -> None:
+    # Before, a Ctrl-C at the gate's question (or while the endpoint was probed) said "finished work is kept" of a
+    # run that had not begun.
+    write_problems(tmp_path / "p.jsonl")
+    out = tmp_path / "run"
+    isolate(monkeypatch, tmp_path)
+    if stopped_in == "the cost gate":
+        monkeypatch.setattr(estimate, "gate", _ctrl_c)
+    else:
+        monkeypatch.setattr(preflight, "check_endpoints", _ctrl_c_while_probing)
+    args = ["run", str(tmp_path / "p.jsonl"), "-o", str(out), "-m", "cot", "--base-url", sim.base_url, "--yes"]
+    monkeypatch.setattr(sys, "argv", ["tmas", *args])
+    with pytest.raises(SystemExit) as ended:
+        cli_main.main()
+    assert ended.value.code == 130
+    assert capsys.readouterr().err.strip().splitlines()[-1] == "tmas: stopped by Ctrl-C; nothing was started"
+    assert sim.requests == []
+    assert not out.exists()

@@ -21,6 +21,10 @@ T = TypeVar("T")
 
 NAMES = {signal.SIGINT: "Ctrl-C", signal.SIGTERM: "SIGTERM"}
 
+# Whether the command has begun work that keeps what it finishes (a run, a pilot, a grading: :func:`run` without
+# ``keeps=False``); a stop before any says that nothing was started, not that finished work is kept.
+_began = False
+
 
 class Stopped(BaseException):
     """A signal stopped the command. A ``BaseException``, as ``KeyboardInterrupt`` is: no ``except Exception`` on
@@ -41,13 +45,17 @@ class Stopped(BaseException):
 
     def line(self) -> str:
         said = f"tmas: stopped by {NAMES.get(signal.Signals(self.signum), f'signal {self.signum}')}"
-        return f"{said}; {self.next_step}" if self.next_step else f"{said}; finished work is kept"
+        if self.next_step:
+            return f"{said}; {self.next_step}"
+        return f"{said}; finished work is kept" if _began else f"{said}; nothing was started"
 
 
 def install() -> None:
     """SIGTERM, and Ctrl-C where it is not ignored, raise :class:`Stopped` wherever the command is (:func:`run`
     handles them within its event loop); the command line's own handling of ``KeyboardInterrupt`` would end it
-    silently."""
+    silently. The command has begun no work yet (:meth:`Stopped.line`)."""
+    global _began
+    _began = False
     signal.signal(signal.SIGTERM, _raise_stopped)
     if signal.getsignal(signal.SIGINT) is signal.default_int_handler:
         signal.signal(signal.SIGINT, _raise_stopped)
@@ -66,11 +74,15 @@ class _Again(SystemExit):
         self.signum = signum
 
 
-def run(work: Coroutine[Any, Any, T]) -> T:
+def run(work: Coroutine[Any, Any, T], *, keeps: bool = True) -> T:
     """``asyncio.run(work)``; on SIGINT or SIGTERM the work is cancelled (its ``finally`` blocks and context managers
     run: calls closed, a local server stopped, stores closed) and :class:`Stopped` raised. A second signal while it
     winds down cuts the wind-down short (what it still awaits is cancelled again: a local server is killed at once)
-    and raises :class:`Stopped` all the same, so the command still says what was kept and how to go on."""
+    and raises :class:`Stopped` all the same, so the command still says what was kept and how to go on.
+    ``keeps=False``: the work stores nothing (a probe of an endpoint), so a stop in or after it alone says that
+    nothing was started."""
+    global _began
+    _began = _began or keeps
     try:
         return asyncio.run(_cancellable(work))
     except _Again as again:

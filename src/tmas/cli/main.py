@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import signal
 import sqlite3
 import sys
 from collections import Counter
@@ -346,7 +347,7 @@ def check_endpoint(settings: Settings) -> None:
 
     if settings.uses_local_model:
         return
-    interrupt.run(check_endpoints(settings, run_method(settings).traits.roles))
+    interrupt.run(check_endpoints(settings, run_method(settings).traits.roles), keeps=False)
 
 
 def _execute(store: RunStore, settings: Settings, todo: StoredProblems) -> int:
@@ -477,7 +478,7 @@ def models(
                 typer.echo(f"{role}: {url} ok, models: {listed}")
         return healthy
 
-    if not interrupt.run(probe()):
+    if not interrupt.run(probe(), keeps=False):
         raise typer.Exit(1)
 
 
@@ -892,7 +893,8 @@ def main() -> None:
         typer.echo(f"tmas: error: {message}", err=True)
         sys.exit(MISSING_EXTRA_EXIT)
     except KeyboardInterrupt:
-        typer.echo("tmas: stopped by Ctrl-C; finished work is kept", err=True)
+        # A KeyboardInterrupt rather than install's Stopped: said as a stop is, by what the command had begun.
+        typer.echo(interrupt.Stopped(signal.SIGINT).line(), err=True)
         sys.exit(EXIT_INTERRUPTED)
     # A command's return value, or the code of the typer.Exit it raised (help and --version exit 0).
     sys.exit(code if isinstance(code, int) else 0)
