@@ -19,7 +19,7 @@ from typing import Any
 import pytest
 
 from conftest import clean_env, isolate, run_tmas, wait_for
-from tmas.cli import estimate, interrupt
+from tmas.cli import entry, estimate, interrupt
 from tmas.cli import main as cli_main
 from tmas.llm import preflight
 from tmas.testing import SimScript, SimServer
@@ -214,3 +214,25 @@ def test_ctrl_c_before_a_run_began_says_nothing_was_started(
     assert capsys.readouterr().err.strip().splitlines()[-1] == "tmas: stopped by Ctrl-C; nothing was started"
     assert sim.requests == []
     assert not out.exists()
+
+
+class _CtrlCOnImport:
+    """A finder that meets ``tmas.cli.main`` with a Ctrl-C, as one pressed while the command's modules load."""
+
+    def find_spec(self, name: str, path: object, target: object = None) -> None:
+        if name == "tmas.cli.main":
+            raise KeyboardInterrupt
+        return None
+
+
+def test_ctrl_c_while_the_command_is_imported_is_one_line(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # Before, the entry point imported the command outside any handler: a traceback of the import ending in
+    # KeyboardInterrupt, and exit code 1.
+    monkeypatch.delitem(sys.modules, "tmas.cli.main")
+    monkeypatch.setattr(sys, "meta_path", [_CtrlCOnImport(), *sys.meta_path])
+    with pytest.raises(SystemExit) as ended:
+        entry.main()
+    assert ended.value.code == 130
+    assert capsys.readouterr().err.splitlines() == ["tmas: stopped by Ctrl-C; nothing was started"]

@@ -1,3 +1,3 @@
-from tmas.cli.main import main
+from tmas.cli.entry import main
 
 main()

@@ -15,7 +15,7 @@ from collections.abc import Coroutine
 from types import FrameType
 from typing import Any, TypeVar
 
-from tmas.cli.outcome import EXIT_INTERRUPTED, EXIT_TERMINATED
+from tmas.cli.outcome import EXIT_INTERRUPTED, EXIT_TERMINATED, NOTHING_STARTED, stop_line
 
 T = TypeVar("T")
 
@@ -44,10 +44,10 @@ class Stopped(BaseException):
         return Stopped(self.signum, next_step)
 
     def line(self) -> str:
-        said = f"tmas: stopped by {NAMES.get(signal.Signals(self.signum), f'signal {self.signum}')}"
+        name = NAMES.get(signal.Signals(self.signum), f"signal {self.signum}")
         if self.next_step:
-            return f"{said}; {self.next_step}"
-        return f"{said}; finished work is kept" if _began else f"{said}; nothing was started"
+            return stop_line(name, self.next_step)
+        return stop_line(name, "finished work is kept" if _began else NOTHING_STARTED)
 
 
 def install() -> None:

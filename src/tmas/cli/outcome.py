@@ -20,6 +20,16 @@ EXIT_ALL_FAILED = 4
 EXIT_INTERRUPTED = 130
 EXIT_TERMINATED = 143
 
+# What a stop before the command began any work says (:func:`stop_line`).
+NOTHING_STARTED = "nothing was started"
+
+
+def stop_line(name: str, what: str) -> str:
+    """The last line of a command a signal stopped: ``name`` the signal's (``Ctrl-C``), ``what`` what is kept and
+    how to go on."""
+    return f"tmas: stopped by {name}; {what}"
+
+
 # Reasons the last line names; the rest are counted.
 SHOWN_REASONS = 2
 
