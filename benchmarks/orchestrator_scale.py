@@ -45,7 +45,12 @@ def settings(url: str, iterations: int, concurrency: int) -> Settings:
             "endpoint": {"base_url": [f"{url}/v1"], "model": "sim-model"},
             "concurrency": concurrency,
             "sampling": {"temperature": 0.7, "max_tokens": 256},
-            "method": {"name": "tmas", "params": {"n": N, "m": M, "iterations": iterations, "epsilon": 0.2}},
+            # Algorithm 1 as written (the last iteration's summaries and memory update included): the chain
+            # tmas_critical_path.measured_chain reads, and N + N x M + N + 2 calls an iteration.
+            "method": {
+                "name": "tmas",
+                "params": {"n": N, "m": M, "iterations": iterations, "epsilon": 0.2, "skip_final_memory": False},
+            },
         }
     )
 

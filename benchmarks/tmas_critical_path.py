@@ -99,7 +99,11 @@ async def measure(latency: float, n: int, m: int, iterations: int, in_process: b
                 "endpoint": {"base_url": [f"{url}/v1"], "model": "sim-model"},
                 "concurrency": 4096,
                 "sampling": {"temperature": 0.7, "max_tokens": 256},
-                "method": {"name": "tmas", "params": {"n": n, "m": m, "iterations": iterations, "epsilon": 0.2}},
+                # Algorithm 1 as written: every iteration's chain ends with its summaries and memory update.
+                "method": {
+                    "name": "tmas",
+                    "params": {"n": n, "m": m, "iterations": iterations, "epsilon": 0.2, "skip_final_memory": False},
+                },
             }
         )
         problem = Problem(problem_id="bench", question="What is 17*23?")
