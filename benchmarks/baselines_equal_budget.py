@@ -65,7 +65,7 @@ async def main() -> None:
         await run_sweep(spec, settings, args.out / "sweep")
     written = await report_sweep(spec, args.out / "sweep", GradeConfig(mode="rules"), None)
     shutil.copy(frontier_plot(written), DOCS / "baselines_equal_budget_sim.png")
-    print(written["markdown"])
+    print(await asyncio.to_thread(Path(written["markdown"]).read_text, encoding="utf-8"))
 
 
 def frontier_plot(written: Mapping[str, Path]) -> Path:

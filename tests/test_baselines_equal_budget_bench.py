@@ -3,6 +3,7 @@ writes, found among what it wrote."""
 
 from __future__ import annotations
 
+import asyncio
 from pathlib import Path
 
 import pytest
@@ -32,3 +33,19 @@ async def test_the_plot_copied_to_the_docs_is_the_report_s_frontier(
     # A report without one (nothing graded) is refused rather than leaving the docs' plot as it was.
     with pytest.raises(SystemExit, match="0 frontier plots"):
         bench.frontier_plot({"markdown": tmp_path / "report" / "report.md"})
+
+
+def test_the_script_prints_the_combined_report_and_copies_its_plot(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    bench = load_benchmark("baselines_equal_budget", monkeypatch)
+    monkeypatch.setattr(bench, "STUDIES", [bench.Study(name="equal-budget", method="cot")])
+    monkeypatch.setattr(bench, "DOCS", tmp_path / "docs")
+    (tmp_path / "docs").mkdir()
+    out = tmp_path / "out"
+    monkeypatch.setattr("sys.argv", ["baselines_equal_budget.py", "--out", str(out), "--problems", "1"])
+    asyncio.run(bench.main())
+    printed = capsys.readouterr().out
+    assert printed.startswith("# tmas evaluation report")
+    assert printed.strip() == (out / "sweep" / "report" / "report.md").read_text(encoding="utf-8").strip()
+    assert (tmp_path / "docs" / "baselines_equal_budget_sim.png").is_file()
