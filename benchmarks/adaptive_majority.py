@@ -48,6 +48,7 @@ from tmas.methods.confidence import trace_confidence
 from tmas.methods.online_stop import ConfidenceWatch, stopping_threshold
 from tmas.methods.selection import ConfidenceVote, select
 from tmas.methods.stopping import BETA_THRESHOLD, beta_vote_stop
+from tmas.store.database import DB_NAME
 from tmas.store.run_store import RunStore
 
 
@@ -295,6 +296,8 @@ def main(argv: list[str] | None = None) -> None:
         seconds = _run(run_command(out, args), out / "run.log")
         walls.write_text(json.dumps([*(json.loads(walls.read_text()) if walls.exists() else []), round(seconds, 1)]))
     run_dir = run_dir_of(out, args.k)
+    if not (run_dir / DB_NAME).is_file():
+        sys.exit(f"adaptive_majority: no run in {run_dir} to read (run the command without --read-only first)")
     problems = asyncio.run(load(run_dir, args.window))
     if not problems:
         sys.exit(f"adaptive_majority: no finished problem in {run_dir}")

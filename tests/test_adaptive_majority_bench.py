@@ -4,6 +4,7 @@ et al. 2023; DeepConf's online threshold, Fu et al. 2025, Algorithm 2)."""
 
 from __future__ import annotations
 
+from pathlib import Path
 from types import ModuleType
 
 import pytest
@@ -101,3 +102,8 @@ def test_a_problem_opens_unanimous_when_its_first_four_samples_answer_alike(benc
     unanswered.samples[2].answer = None
     assert not bench.opens_unanimous(unanswered)
     assert not bench.opens_unanimous(_problem(bench, ["5", "5", "5"]))
+
+
+def test_reading_a_folder_that_holds_no_run_says_so_in_one_line(bench: ModuleType, tmp_path: Path) -> None:
+    with pytest.raises(SystemExit, match=r"adaptive_majority: no run in .*fixed8 to read \(run the command without"):
+        bench.main(["--out", str(tmp_path / "out"), "--read-only"])
