@@ -283,9 +283,12 @@ def _resume_run(
     run_dir: Path, flags: ModelFlags, method: str | None, given: MethodFlags, estimate: EstimateFlags
 ) -> int:
     from tmas.cli.estimate import build_estimate, gate
+    from tmas.llm.model import EndpointUnreachable
+    from tmas.llm.preflight import check_endpoints
     from tmas.planning.estimate import failed_credit, replay_credit, stored_ceiling
     from tmas.runner import (
         RunSetup,
+        Unreachable,
         check_before_estimate,
         prepare_run,
         resume_settings,
@@ -311,6 +314,12 @@ def _resume_run(
         # pilot would send calls, and its gate ask about a run that is then refused (prepare_run checks it again).
         # Where no model is named, its servers are asked what they serve now: one restarted with another model
         # would mix its replies with the stored ones.
+        # A server that does not answer is said as a run says it, with how to continue, not as one that may serve
+        # another model.
+        try:
+            interrupt.run(check_endpoints(settings, setup.unnamed_roles(peek)))
+        except EndpointUnreachable as exc:
+            raise Unreachable(str(exc), run_dir) from None
         setup.check_resume(peek, interrupt.run(served_now(setup, peek)))
         count = peek.problem_count()
         listed = peek.problems() if estimate.pilot is not None else count
