@@ -55,6 +55,22 @@ def asked_about(model: ScriptedModel, question: str) -> int:
     return sum(any(question in m.content for m in call.messages) for call in model.calls)
 
 
+def _pool_changed(run_dir: Path, pool_path: Path) -> str:
+    """The one line refusing a resume of ``run_dir`` whose pool changed since its start."""
+    return (
+        f"{run_dir}: 1 finished problem was solved with pool={pool_path} as it was at the run's start; it has changed"
+        " since (rebuilt, added to or pruned): resumed so, what finished would stay of the old pool and the rest get"
+        " the new one's; start a new run on it, or resume with the pool as it was"
+    )
+
+
+def _assert_nothing_sent(model: ScriptedModel, run_dir: Path) -> None:
+    """No call or embedding went out, and the run keeps what it had finished (p0)."""
+    assert model.calls == [] and model.embedded == []
+    with RunStore(run_dir, read_only=True) as store:
+        assert [r.problem_id for r in store.results()] == ["p0"]
+
+
 @pytest.fixture
 async def stopped_run(tmp_path: Path) -> tuple[Path, Path]:
     pool = tmp_path / "pool"
@@ -80,14 +96,8 @@ async def test_a_resume_after_the_pool_changed_is_refused_in_one_line(
     model = model_for(pool_path)
     with pytest.raises(InputError) as refused:
         await scripted_run(model, run_dir)
-    assert str(refused.value) == (
-        f"{run_dir}: 1 finished problem was solved with pool={pool_path} as it was at the run's start; it has changed"
-        " since (rebuilt, added to or pruned): resumed so, what finished would stay of the old pool and the rest get"
-        " the new one's; start a new run on it, or resume with the pool as it was"
-    )
-    assert model.calls == [] and model.embedded == []
-    with RunStore(run_dir, read_only=True) as store:
-        assert [r.problem_id for r in store.results()] == ["p0"]
+    assert str(refused.value) == _pool_changed(run_dir, pool_path)
+    _assert_nothing_sent(model, run_dir)
 
 
 async def test_the_same_pool_resumes_and_sends_nothing_twice(stopped_run: tuple[Path, Path]) -> None:
@@ -173,14 +183,8 @@ async def test_a_resume_refuses_a_pool_saved_after_its_check(
     model = model_for(pool_path)
     with pytest.raises(InputError) as refused:
         await scripted_run(model, run_dir)
-    assert rebuilt_after_record and str(refused.value) == (
-        f"{run_dir}: 1 finished problem was solved with pool={pool_path} as it was at the run's start; it has changed"
-        " since (rebuilt, added to or pruned): resumed so, what finished would stay of the old pool and the rest get"
-        " the new one's; start a new run on it, or resume with the pool as it was"
-    )
-    assert model.calls == [] and model.embedded == []
-    with RunStore(run_dir, read_only=True) as store:
-        assert [r.problem_id for r in store.results()] == ["p0"]
+    assert rebuilt_after_record and str(refused.value) == _pool_changed(run_dir, pool_path)
+    _assert_nothing_sent(model, run_dir)
 
 
 async def test_a_run_on_a_pool_of_another_embedding_model_is_refused_before_any_call(tmp_path: Path) -> None:

@@ -16,7 +16,15 @@ from tmas.config import Settings
 from tmas.errors import InputError
 from tmas.llm.preflight import served_models
 from tmas.problems import Problem
-from tmas.runner import RunSetup, prepare_run, resume_settings, run_problems, served_now, stored_settings
+from tmas.runner import (
+    RunSetup,
+    RunSummary,
+    prepare_run,
+    resume_settings,
+    run_problems,
+    served_now,
+    stored_settings,
+)
 from tmas.store.run_store import RunStore
 from tmas.testing import SimScript, SimServer
 from tmas.testing.script import PersonaName
@@ -36,6 +44,13 @@ async def _run_then_stop(run_dir: Path, settings: Settings) -> None:
 
 def _resumed(run_dir: Path, base_url: str, **overrides: object) -> Settings:
     return resume_settings(stored_settings(run_dir), {"endpoint.base_url": [base_url], **overrides})
+
+
+async def _resume(run_dir: Path, base_url: str) -> RunSummary:
+    """The run resumed at ``base_url``, to its end."""
+    store, again, todo = prepare_run(run_dir, _resumed(run_dir, base_url), None, resume=True)
+    with store:
+        return await run_problems(again, todo, store)
 
 
 async def _resume_refused(run_dir: Path, settings: Settings) -> InputError:
@@ -60,9 +75,7 @@ async def test_a_resume_against_another_server_with_no_model_named_is_refused(tm
         refused = await _resume_refused(run_dir, _resumed(run_dir, second.base_url))
         assert second.chat_bodies() == [] and first.chat_bodies() == []
         # The run's own server resumes it.
-        store, again, todo = prepare_run(run_dir, _resumed(run_dir, first.base_url), None, resume=True)
-        with store:
-            await run_problems(again, todo, store)
+        await _resume(run_dir, first.base_url)
         assert first.chat_bodies() and second.chat_bodies() == []
     message = str(refused)
     assert "\n" not in message
@@ -76,9 +89,7 @@ async def test_a_run_that_named_its_model_resumes_against_another_server(tmp_pat
         settings = settings_for(first, method={"name": "majority", "params": {"k": 2}})
         run_dir = tmp_path / "run"
         await _run_then_stop(run_dir, settings)
-        store, again, todo = prepare_run(run_dir, _resumed(run_dir, second.base_url), None, resume=True)
-        with store:
-            await run_problems(again, todo, store)
+        await _resume(run_dir, second.base_url)
         bodies = second.chat_bodies()
     assert bodies and {b["model"] for b in bodies} == {"sim-model"}
 
@@ -132,9 +143,7 @@ async def test_a_resume_at_the_same_server_and_model_is_not_refused(tmp_path: Pa
         run_dir = tmp_path / "run"
         await _run_then_stop(run_dir, settings)
         server.reset()
-        store, again, todo = prepare_run(run_dir, _resumed(run_dir, server.base_url), None, resume=True)
-        with store:
-            summary = await run_problems(again, todo, store)
+        summary = await _resume(run_dir, server.base_url)
         assert summary.done == 2 and server.chat_bodies()
 
 
@@ -202,7 +211,5 @@ async def test_a_run_moved_to_a_server_that_serves_its_model_resumes(tmp_path: P
         run_dir = tmp_path / "run"
         await _run_then_stop(run_dir, settings)
         first.reset()
-        store, again, todo = prepare_run(run_dir, _resumed(run_dir, second.base_url), None, resume=True)
-        with store:
-            summary = await run_problems(again, todo, store)
+        summary = await _resume(run_dir, second.base_url)
         assert summary.done == 2 and second.chat_bodies() and first.chat_bodies() == []
