@@ -423,14 +423,14 @@ async def evaluate(run_dir: Path, status: str) -> Evaluated:
     from tmas.grading.grades import GradeConfig
     from tmas.grading.run_results import load_results
     from tmas.grading.runs import grade_run
-    from tmas.methods import method_traits
-    from tmas.reports.frontier import mv_by_problem, returned_by_problem, run_frontier
+    from tmas.reports.frontier import mv_by_problem, returned_by_problem, run_frontier, votes_frontier
     from tmas.reports.metrics import answer_classes_of, run_spend
     from tmas.store.run_store import RunStore
 
     config = GradeConfig(mode="rules")
     with RunStore(run_dir, create=False) as store:
-        method = str((store.get_meta("method") or {}).get("name"))
+        meta = store.get_meta("method") or {}
+        method = str(meta.get("name"))
         grades = await grade_run(store, config, None)
         results = load_results(store)
         # Every token a problem's calls spent, a call asked again on resume included, as the run's summary counts.
@@ -440,7 +440,7 @@ async def evaluate(run_dir: Path, status: str) -> Evaluated:
         classes = await answer_classes_of(results, equivalence)
     finally:
         await equivalence.aclose()
-    votes = method_traits(method).frontier == "votes"
+    votes = votes_frontier(method, meta.get("params") or {})
     majority: dict[int, dict[str, tuple[float, float]]] = {}
     if votes:
         largest = max((sum(len(r.candidates) for r in x.iterations) for x in results), default=0)

@@ -15,6 +15,7 @@ from scripted_runs import scripted_run
 from tmas.grading.grades import GradeConfig
 from tmas.reports.report import build_report, evaluate_run, write_report
 from tmas.testing import Rule, ScriptedModel, ScriptedUsage, SimScript
+from tmas.testing.responders import count_tokens
 from tmas.view.cache import RunCache
 from tmas.view.runs import RunReader
 from web_helpers import run_ref_for
@@ -213,6 +214,44 @@ async def test_a_majority_runs_table_votes_as_the_method_and_its_frontier_do(tmp
     # The frontier's MV@4, over the same four samples, reads the same.
     (series,) = json.loads((tmp_path / "report" / "frontier_p.json").read_text()).values()
     assert series["points"][-1]["label"] == "MV@4" and series["y"][-1] == pytest.approx(100.0)
+
+
+def confident(c: float, reply: str) -> list[dict[str, Any]]:
+    """Log-probabilities of ``reply`` whose DeepConf token confidence is ``c`` at every token (the chosen token
+    certain, its one alternative at -2c: mean -c)."""
+    alternatives = [{"token": "t", "logprob": 0.0}, {"token": "alt", "logprob": -2.0 * c}]
+    return [{"token": "t", "logprob": 0.0, "top_logprobs": alternatives}] * count_tokens(reply)
+
+
+@pytest.mark.slow
+async def test_a_confidence_weighted_vote_is_charted_by_the_answer_it_returned(tmp_path: Path) -> None:
+    # Majority vote, k=3, select=confidence_vote. p1 (5): 5 at confidence 5, then 6 twice at 1. p2 (8): 8 three times
+    # at 1. The weighted vote returns 5 on p1 (V(5) = 5 > V(6) = 2) and 8 on p2: Selected 100. A plain vote of all
+    # three samples returns 6 on p1: MV@3 would be (0 + 1) / 2 = 50, which the frontier showed as the run's accuracy
+    # at its 1,800 completion tokens (3 samples of 600). Its frontier is now the answer it returned: It0 at 100%.
+    right, wrong, other = (f"{FILLER}\\boxed{{{a}}}" for a in ("5", "6", "8"))
+    script = SimScript(
+        rules=[
+            Rule(role="solution", pattern=r"2\+3", times=1, replies=[right], logprobs=confident(5.0, right)),
+            Rule(role="solution", pattern=r"2\+3", replies=[wrong], logprobs=confident(1.0, wrong)),
+            Rule(role="solution", pattern=r"4\+4", replies=[other], logprobs=confident(1.0, other)),
+        ]
+    )
+    problems = write_problems(tmp_path / "p.jsonl")
+    await run(problems, tmp_path / "mv", script, "majority", k=3, select="confidence_vote")
+    markdown = await report_here(tmp_path / "report", tmp_path / "mv")
+    # Pass@1 1/3 and 1: 2/3; plain MV@all 0 and 1: 50; Selected 100.
+    assert "| It0 | 2 | 66.67 | 33.33 | 66.67-66.67 | 50.00 | 100.00 | 6 |" in markdown
+    (series,) = json.loads((tmp_path / "report" / "frontier_p.json").read_text()).values()
+    assert [(p["label"], p["tokens"], p["accuracy"]) for p in series["points"]] == [("It0", 1800.0, 1.0)]
+    # Read off the frontier: nothing at 1k, It0 from 2k on.
+    assert "| majority [sim-model] | - | 100.00 | 100.00 | 100.00 | 100.00 |" in markdown
+    # The viewer charts the same point.
+    ref = run_ref_for([tmp_path / "mv"], tmp_path / "mv")
+    assert ref is not None
+    with RunReader(ref, RunCache()) as reader:
+        points = reader.overview().frontier
+    assert [(p.label, p.tokens, p.accuracy) for p in points] == [("It0", 1800.0, 1.0)]
 
 
 @pytest.mark.slow

@@ -5,7 +5,9 @@
 - Majority vote: MV@k for k = 1, 2, 4, ..., K from the K stored samples of each problem, as the exact expectation over
   a uniformly random subset of k samples (see :func:`mv_at_k`), at k times the problem's mean completion tokens per
   sample (what it spent on its samples over their number); a finished problem with fewer samples (a vote decided
-  early) keeps its vote over all of them.
+  early) keeps its vote over all of them. A vote weighted or filtered by the samples' confidence (``select`` other
+  than ``vote``) returns what no plain vote does: its frontier is the answer it returned, one point per iteration
+  (:func:`votes_frontier`).
 
 What a problem spent is what its stored calls spent where the run's store gives them (``spend``, metrics.run_spend):
 every completion token the server generated for it, a call that failed, was cancelled or failed
@@ -23,10 +25,12 @@ import math
 import statistics
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from tmas.answer_classes import class_of
 from tmas.grading.grades import SELECTED, Grades
 from tmas.llm.types import Usage
+from tmas.methods import method_traits
 from tmas.reports.metrics import Spend, labeled_results, last_iteration, reached, record_at, spent_through
 from tmas.store.records import Candidate, ProblemResult
 
@@ -41,6 +45,14 @@ class FrontierPoint:
     accuracy: float
     stderr: float  # standard error of the accuracy across problems (0 with one problem)
     problems: int
+
+
+def votes_frontier(method: str, params: Mapping[str, Any]) -> bool:
+    """Whether a run's frontier is MV@k over its samples: its method's samples vote in one pool (traits.frontier ==
+    "votes") by plain plurality. A vote weighted or filtered by confidence (majority vote's ``select`` =
+    ``confidence_vote``, ``filtered_vote``) can return an answer no plain vote of its samples gives, so its frontier is
+    the answer it returned, one point per iteration, as an iterative method's."""
+    return method_traits(method).frontier == "votes" and params.get("select", "vote") == "vote"
 
 
 def run_frontier(

@@ -47,7 +47,7 @@ from tmas.reports.analysis import (
 from tmas.reports.budget_table import BudgetSpend, budget_section, budget_spend
 from tmas.reports.case_table import case_section
 from tmas.reports.document import Bullets, Document, Heading, Image, Paragraph, Table
-from tmas.reports.frontier import BUDGETS, FrontierPoint, equal_budget, run_frontier
+from tmas.reports.frontier import BUDGETS, FrontierPoint, equal_budget, run_frontier, votes_frontier
 from tmas.reports.metrics import (
     RunMetrics,
     Spend,
@@ -302,7 +302,7 @@ def _graded_analyses(
 ) -> None:
     """What only a graded run shows: its frontier, the selection rules and the scores' separation, the confidence's,
     the score dynamics and the trace of its most improved problem."""
-    votes = method_traits(e.method).frontier == "votes"
+    votes = votes_frontier(e.method, e.params)
     e.frontier = run_frontier(results, grades, majority=votes, classes=classes, spend=spend)
     if has_scores(results):
         e.selection = selection_table(

@@ -15,7 +15,7 @@ from tmas.llm.local_command import model_alias
 from tmas.llm.weights import KNOWN_MODELS
 from tmas.methods import method_traits, stored_params
 from tmas.problems import Problem
-from tmas.reports.frontier import FrontierPoint, run_frontier
+from tmas.reports.frontier import FrontierPoint, run_frontier, votes_frontier
 from tmas.reports.metrics import RunMetrics, Spend, compute_metrics, configured_iterations, run_spend
 from tmas.reports.reply_quality import role_replies
 from tmas.reports.where_lost import WhereLost, where_lost
@@ -167,7 +167,7 @@ class RunOverview:
         does; empty where the run is not graded."""
         if self.grades is None:
             return []
-        votes = method_traits(self.method).frontier == "votes"
+        votes = votes_frontier(self.method, stored_params(self.method, self.params))
         return run_frontier(self.results, self.grades.grades, majority=votes, classes=self.classes, spend=self.spend)
 
     @property
