@@ -479,7 +479,8 @@ def section(runs: list[Evaluated], summary: dict[str, Any], plot: str, command: 
         "Each run's answer is the one it returned; a run cut at its time "
         "counts the problems and iterations it finished. The difference is the run's accuracy minus majority vote's "
         "MV@k at the k whose completion tokens per problem are nearest the run's, paired over the problems both "
-        "answered (standard error of the mean difference).",
+        "answered (standard error of the mean difference; where those are fewer than the run's, the cell says over how "
+        "many).",
         "",
         f"Command: `{command}`",
         "",
@@ -494,6 +495,9 @@ def section(runs: list[Evaluated], summary: dict[str, Any], plot: str, command: 
         tokens, _ = mean_se([t for _, t in r.final.values()])
         pair = nearest_majority(r.final, baseline.majority) if baseline is not None and r is not baseline else None
         paired_with = f"MV@{pair.k} ({pair.majority_tokens:,.0f})" if pair else "-"
+        if pair and pair.problems < len(r.final):
+            # Paired over the problems both answered: fewer than the run's own figures stand on.
+            paired_with += f", over {pair.problems} of {len(r.final)} problems"
         difference = f"{pair.difference * 100:+.1f} (± {pair.stderr * 100:.1f})" if pair else "-"
         lines.append(
             f"| {r.name} | {r.status} | {len(r.final)} | {accuracy:.1%} (± {se:.1%}) | {tokens:,.0f} | "

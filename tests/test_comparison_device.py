@@ -73,6 +73,10 @@ def test_the_section_pairs_each_run_with_majority_names_its_downgrades_and_shows
     majority = device.Evaluated("majority", "majority", mv2, [], {1: mv1, 2: mv2}, "done")
     tmas = device.Evaluated("tmas-local", "tmas", {"p1": (1.0, 120.0), "p2": (1.0, 80.0)}, [], {}, "cut at its time")
     cut = device.Evaluated("mattrl", "mattrl", {}, [], {}, "not run: out of time")
+    # A run that also answered p3, which majority vote did not: paired over p1 alone. It spends 60 there: MV@1 (50)
+    # is nearest; difference 1 - 1 = 0, SE 0. Its own figures stand on both: accuracy (1 + 0) / 2 = 50%, SE
+    # stdev(1, 0) / sqrt(2) = 50%, tokens (60 + 40) / 2 = 50.
+    wider = device.Evaluated("cot", "cot", {"p1": (1.0, 60.0), "p3": (0.0, 40.0)}, [], {}, "done")
     why = "the in-process engine follows no schema: llguidance is not installed; its calls went on as plain text"
     summary = {
         "model": "m",
@@ -90,10 +94,11 @@ def test_the_section_pairs_each_run_with_majority_names_its_downgrades_and_shows
     }
     for row in summary["throughput"]:
         row |= {"failed": 0, "tokens_per_s": row["generated_tokens"] / row["wall_s"]}
-    lines = device.section([majority, tmas, cut], summary, "plot.png", "cmd").splitlines()
+    lines = device.section([majority, tmas, cut, wider], summary, "plot.png", "cmd").splitlines()
     assert "| majority | done | 2 | 50.0% (± 50.0%) | 100 | - | - |" in lines
     assert "| tmas-local | cut at its time | 2 | 100.0% (± 0.0%) | 100 | MV@2 (100) | +50.0 (± 50.0) |" in lines
     assert "| mattrl | not run: out of time | 0 | - | - | - | - |" in lines
+    assert "| cot | done | 2 | 50.0% (± 50.0%) | 50 | MV@1 (50), over 1 of 2 problems | +0.0 (± 0.0) |" in lines
     assert lines[lines.index(f"- tmas-local: {why}") - 2].startswith("Runs whose JSON replies went as plain text")
     assert "| accuracy | 50.0% | 50.0% |" in lines and "| tokens | 50 | 100 |" in lines
     assert any("CoT prompt, up to 256 tokens, all of them at once" in line for line in lines)
