@@ -284,7 +284,7 @@ async def test_majority_votes_count_answers_of_equal_value_as_one_as_the_run_did
     page = client.get(f"/run/{ref.key}").text
     assert 'id="votes-pending"' not in page
     # Pass@1: two of the three samples are right; the selected answer and MV: right.
-    row = '<td>0</td><td class="num">66.7%</td>\n      <td class="num">100.0%</td><td class="num">100.0%</td>'
+    row = '<td class="num">66.7%</td><td class="num">100.0%</td><td class="num">100.0%</td>'
     assert row in page
     with RunReader(ref, viewer.cache) as reader:
         overview = reader.overview()
@@ -370,3 +370,30 @@ async def test_the_judges_calls_show_on_the_problem_page_as_the_graders_not_as_a
     assert all("<td>judge</td>" in row for row in rows)
     # The problem's own cost counts the method's one call, the judge's apart, as the run's cost table counts them.
     assert page.split('id="spent">')[1].startswith("1 calls")
+
+
+async def test_the_accuracy_table_says_on_how_many_problems_each_iteration_stands_as_the_reports(
+    tmp_path: Path,
+) -> None:
+    # Majority vote, k=1, two iterations, on p1 (17*23, labeled: 391) and u (12*12, no reference answer); the simulator
+    # answers both right. The run is stopped with p1 through It0 alone and u through both: It0 stands on p1 (right:
+    # 100%), It1 on no labeled problem (u is not graded), where an accuracy of 0% would read as every answer wrong.
+    import sqlite3
+
+    settings = scripted_settings(method={"name": "majority", "params": {"k": 1, "iterations": 2}})
+    problems = [PROBLEMS[0], Problem(problem_id="u", question="What is 12*12?")]
+    run_dir = tmp_path / "mv"
+    await scripted_run(ScriptedModel(SimScript(), settings), run_dir, problems)
+    with sqlite3.connect(run_dir / "run.sqlite") as db:
+        db.execute("DELETE FROM results")
+        db.execute("DELETE FROM iterations WHERE problem_id = 'p1' AND iteration = 1")
+    report = await evaluate_run(run_dir, GradeConfig(mode="rules"), None)
+    assert [(m.iteration, m.problems, m.pass1) for m in report.metrics.iterations] == [(0, 1, 1.0), (1, 0, 0.0)]
+    ref = run_ref_for([run_dir], run_dir)
+    assert ref is not None
+    page = TestClient(Viewer([run_dir], warm_up=False).build()).get(f"/run/{ref.key}").text
+    rows = [row.split("</tr>")[0] for row in page.split('<tr class="metrics-row">')[1:]]
+    cells = [[cell.split(">", 1)[1] for cell in row.split("</td>")[:5]] for row in rows]
+    # Iteration, problems (of the run's 1 labeled), Pass@1, selected answer, MV: as the report's table reads them.
+    assert cells == [["0", "1", "100.0%", "100.0%", "100.0%"], ["1", "0 of 1", "-", "-", "-"]]
+    assert 'id="metrics-short"' in page

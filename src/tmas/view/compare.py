@@ -38,7 +38,7 @@ class ComparedRun:
     @property
     def labeled(self) -> int:
         """Its problems with a reference answer: what its accuracies stand on once every problem has finished."""
-        return sum(r.reference is not None for r in self.rows.values())
+        return self.overview.labeled
 
     def short(self, point: FrontierPoint) -> bool:
         """Whether ``point`` stands on fewer problems than the run holds labeled (some still mid-way, or never

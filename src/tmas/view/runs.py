@@ -171,6 +171,11 @@ class RunOverview:
         return run_frontier(self.results, self.grades.grades, majority=votes, classes=self.classes, spend=self.spend)
 
     @property
+    def labeled(self) -> int:
+        """Its problems with a reference answer: what its accuracies stand on once every problem has finished."""
+        return sum(row.reference is not None for row in self.problems)
+
+    @property
     def live_graded(self) -> bool:
         return self.grades is not None and bool(self.grades.live)
 
