@@ -182,6 +182,10 @@ async def test_a_run_short_of_problems_says_so_beside_a_finished_one(tmp_path: P
     # Both Pass@1 tables (one column: It0).
     assert markdown.count("| cot [sim-model] <full> | 50.00 |\n") == 2
     assert markdown.count("| cot [sim-model] <part> | 100.00 (1 of 2 problems) |\n") == 2
+    # So do its cells in the equal-budget table (a reply of the simulator costs under 1k tokens: It0 in every column),
+    # as the viewer's comparison marks them.
+    assert "| cot [sim-model] <full> | 50.00 | 50.00 | 50.00 | 50.00 | 50.00 |" in markdown
+    assert "| cot [sim-model] <part> |" + " 100.00 (1 of 2 problems) |" * 5 in markdown
     assert (
         "Not every run stands on every problem: cot [sim-model] <part> holds 2 problems (1 done, 0 failed, 1 not "
         "started: left out of every figure)."

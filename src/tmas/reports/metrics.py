@@ -31,7 +31,7 @@ import math
 import statistics
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 from tmas.answer_classes import EquivalenceCheck, answer_classes, class_of
 from tmas.grading.grades import SELECTED, Grades
@@ -130,7 +130,14 @@ class IterationMetrics:
     problems: int
 
 
-def stands_on(m: IterationMetrics, labeled: int) -> str:
+class OnProblems(Protocol):
+    """A figure standing on some labeled problems: an iteration's metrics, a frontier point."""
+
+    @property
+    def problems(self) -> int: ...
+
+
+def stands_on(m: OnProblems, labeled: int) -> str:
     """What a run's figure at ``m`` adds where it stands on fewer problems than the run's ``labeled`` ones (a run
     still mid-way, or stopped before every problem started): `` (k of n problems)``; else nothing."""
     return f" ({m.problems} of {labeled} problems)" if m.problems < labeled else ""

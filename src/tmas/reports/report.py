@@ -538,7 +538,11 @@ def _frontier_part(doc: Document, runs: list[RunEvaluation], bench: str, slug: s
             "'-' where the run never spent that little."
         )
     )
-    rows = [[e.label, *[_pct(p.accuracy if p else None) for p in equal_budget(e.frontier)]] for e in runs]
+    rows = []
+    for e in runs:
+        # A point of a run short of problems says on how many it stands, as the Pass@1 tables' cells do.
+        cells = [_pct(p.accuracy) + stands_on(p, e.labeled_problems) if p else "-" for p in equal_budget(e.frontier)]
+        rows.append([e.label, *cells])
     doc.add(Table(["Method", *[f"<= {b // 1000}k" for b in BUDGETS]], rows))
     return {image: out_dir / image, data: out_dir / data}
 
