@@ -196,3 +196,26 @@ def test_reasoning_effort_and_verbosity_reach_every_upstream_call(sim: SimServer
             api.chat.completions.create(model="tmas/sim-model", messages=QUESTION, extra_body={"tmas": TMAS_SMALL})
             bodies = sim.chat_bodies()[before:]
             assert len(bodies) == 4 and all("reasoning_effort" not in b and "verbosity" not in b for b in bodies)
+
+
+def test_stream_options_without_a_stream_is_refused_as_vllm_refuses_it(sim: SimServer, tmp_path: Path) -> None:
+    body = {"model": "cot/sim-model", "messages": QUESTION}
+    with ProxyThread(settings_for(sim), ServeOptions(serve_dir=tmp_path / "served")) as proxy:
+        refused = [
+            post_chat(proxy, {**body, **fields})
+            for fields in ({"stream_options": {"include_usage": True}}, {"stream": False, "stream_options": {"x": 1}})
+        ]
+        assert sim.chat_bodies() == [] and not any((tmp_path / "served").iterdir())
+        # Null or empty options ask nothing (vLLM serves them too); with a stream they are read.
+        served = [post_chat(proxy, {**body, "stream_options": options}) for options in (None, {})]
+        streamed = post_chat(proxy, {**body, "stream": True, "stream_options": {"include_usage": True}})
+    error = {
+        "message": "Stream options can only be defined when `stream=True`.",
+        "type": "invalid_request_error",
+        "param": "stream_options",
+        "code": "invalid_value",
+    }
+    assert [(r.status_code, r.json()) for r in refused] == [(400, {"error": error})] * 2
+    assert [r.status_code for r in served] == [200, 200]
+    assert all("\\boxed{391}" in r.json()["choices"][0]["message"]["content"] for r in served)
+    assert streamed.status_code == 200 and sse_events(streamed.text)[-1]["usage"]["total_tokens"] > 0

@@ -26,6 +26,9 @@ MAX_STOP = 4
 # recursion of the JSON decoder, or of the encoders that fingerprint and store the request, as a 500.
 MAX_DEPTH = 64
 
+# vLLM's 400 for stream_options (other than null or empty) in a request without "stream": true.
+STREAM_OPTIONS_ALONE = "Stream options can only be defined when `stream=True`."
+
 # Where a reply's reasoning goes, in a stream's deltas and in a whole message: vLLM names the field "reasoning" (since
 # it renamed it), its older releases, SGLang, llama-server and DeepSeek's API "reasoning_content". Clients read one
 # or the other, so the proxy sends the same text under both.
@@ -212,6 +215,9 @@ class ChatBody(BaseModel):
             raise ApiError(400, "the request body must be a JSON object", "invalid_json")
         if nesting(data) > MAX_DEPTH:
             raise too_deep
+        if data.get("stream_options") and not data.get("stream"):
+            # vLLM's check, in its words: options of a stream for a request that asks for no stream.
+            raise ApiError(400, STREAM_OPTIONS_ALONE, "invalid_value", "stream_options")
         try:
             body = cls.model_validate(data)
         except ValidationError as exc:
