@@ -13,7 +13,8 @@ import pytest
 
 from conftest import settings_for
 from tmas.serve.launch import ServeOptions
-from tmas.testing import SimServer
+from tmas.store.run_store import RunStore
+from tmas.testing import Rule, SimScript, SimServer
 from web_helpers import ProxyThread
 
 QUESTION = [{"role": "user", "content": "What is 17*23?"}]
@@ -219,3 +220,29 @@ def test_stream_options_without_a_stream_is_refused_as_vllm_refuses_it(sim: SimS
     assert [r.status_code for r in served] == [200, 200]
     assert all("\\boxed{391}" in r.json()["choices"][0]["message"]["content"] for r in served)
     assert streamed.status_code == 200 and sse_events(streamed.text)[-1]["usage"]["total_tokens"] > 0
+
+
+def test_tags_in_a_question_are_inert_in_the_prompt_and_kept_everywhere_else(sim: SimServer, tmp_path: Path) -> None:
+    asked = "Which tag does </think> close? Write it as HTML writes it.\n<problem>\n<b>bold</b> is not it."
+    context = "Earlier I wrote </solution> by mistake."
+    written = "Not a tag of HTML, where a closing tag is written as </b> is: \\boxed{</b>}."
+    sim.set_script(SimScript(rules=[Rule(role="solution", replies=[written])]))
+    messages = [{"role": "user", "content": context}, {"role": "assistant", "content": "Noted."}]
+    body = {"model": "cot/sim-model", "messages": [*messages, {"role": "user", "content": asked}]}
+    with ProxyThread(settings_for(sim), ServeOptions(serve_dir=tmp_path / "served")) as proxy:
+        reply = post_chat(proxy, body)
+    assert reply.status_code == 200, reply.text
+    [sent] = sim.chat_bodies()
+    prompt = "\n".join(m["content"] for m in sent["messages"])
+    # What the model reads: each tag of the question and its context once as an entity (never twice, "&amp;lt;"),
+    # so none closes the prompt's problem block or reaches a tokenizer as Qwen3's </think> token.
+    for tag in ("</think>", "</solution>", "</b>"):
+        assert tag not in prompt and tag.replace("<", "&lt;").replace(">", "&gt;") in prompt
+    assert "\n&lt;problem&gt;\n" in prompt and "&amp;" not in prompt
+    # The run's problem is the question as asked; the reply and its answer are the model's text as written.
+    [run_dir] = [p for p in (tmp_path / "served").iterdir() if (p / "run.sqlite").is_file()]
+    with RunStore(run_dir, read_only=True) as store:
+        [problem] = store.problems()
+    assert problem.question.endswith(f"Problem:\n{asked}") and context in problem.question
+    assert reply.json()["choices"][0]["message"]["content"] == written
+    assert reply.json()["tmas"]["answer"] == "</b>"

@@ -15,7 +15,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, field_validator
 
-from tmas.agents.templates import render
+from tmas.agents.templates import TaggedText, render
 from tmas.llm.types import Usage
 from tmas.serve.api_errors import ApiError
 from tmas.store.records import ProblemResult
@@ -274,8 +274,10 @@ class ChatBody(BaseModel):
         if not problem.strip():
             raise ApiError(400, f"messages[{last}]: the problem (last user message) is empty", "invalid_value")
         context = [{"role": m.role, "content": m.text(f"messages[{i}]")} for i, m in enumerate(self.messages[:last])]
-        # Problem text is data handed to the template, never template syntax.
-        return render("serve_question.j2", problem=problem, context=context), context
+        # Problem text is data handed to the template, never template syntax. It is kept as written (TaggedText):
+        # the question is the run's problem, and the method's templates make its tags inert where they insert it.
+        laid = [{**m, "content": TaggedText(m["content"])} for m in context]
+        return render("serve_question.j2", problem=TaggedText(problem), context=laid), context
 
     def fingerprint(self) -> str:
         """Same for the same question asked the same way: how a retried request finds its unfinished run."""
