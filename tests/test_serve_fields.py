@@ -137,6 +137,20 @@ SHAPES_THE_REPLY: list[dict[str, Any]] = [
     {"best_of": 4},
     {"use_beam_search": True},
     {"prompt_logprobs": 1},
+    {"allowed_token_ids": [15, 16]},
+    {"bad_words": ["therefore"]},
+    {"skip_special_tokens": False},
+    {"thinking_token_budget": 512},
+    # llama-server's and SGLang's sampling fields, none sent to a method's calls.
+    {"n_predict": 64},
+    {"repeat_penalty": 1.1},
+    {"typical_p": 0.9},
+    {"mirostat": 2},
+    {"dynatemp_range": 0.5},
+    {"top_n_sigma": 1.0},
+    {"xtc_probability": 0.5},
+    {"dry_multiplier": 0.8},
+    {"no_stop_trim": True},
 ]
 # The same fields asking nothing, as clients send their defaults: served.
 ASKS_NOTHING: dict[str, Any] = {
@@ -170,6 +184,9 @@ def test_fields_a_methods_reply_cannot_carry_are_refused_by_name(sim: SimServer,
         nothing = {"guided_choice": None, "structured_outputs": {}, "grammar": "", "json_schema": None}
         # vLLM's defaults, as a client that always sends them sends them.
         nothing |= {"stop_token_ids": [], "min_tokens": 0, "ignore_eos": False, "best_of": 1, "use_beam_search": False}
+        nothing |= {"allowed_token_ids": None, "bad_words": [], "skip_special_tokens": True, "typical_p": 1.0}
+        nothing |= {"mirostat": 0, "top_n_sigma": -1, "xtc_probability": 0.0, "dry_multiplier": 0}
+        nothing |= {"no_stop_trim": False, "n_predict": None, "repeat_penalty": None, "thinking_token_budget": None}
         reply = api.chat.completions.create(
             model="cot/sim-model", messages=QUESTION, **ASKS_NOTHING, extra_body=nothing
         )

@@ -121,6 +121,23 @@ REFUSED_FIELDS |= {
     "best_of": (lambda v: v in (None, 1), "a method already samples many candidates and selects one"),
     "use_beam_search": (lambda v: not v, "a method already samples many candidates and selects one"),
     "prompt_logprobs": (lambda v: v is None, "a method's reply is chosen among many calls: it has no logprobs"),
+    "allowed_token_ids": (lambda v: not v, "a method's calls are never constrained to tokens"),
+    "bad_words": (lambda v: not v, "a method's calls are never constrained to tokens"),
+    "skip_special_tokens": (lambda v: v in (None, True), "a method's calls are read without special tokens"),
+    "thinking_token_budget": (lambda v: v is None, "not sent to a method's calls: reasoning_effort is"),
+}
+# Sampling fields of the servers' own (llama-server's, SGLang's) that no method's call is sent, each a 400 rather than
+# a request served as if it had not asked: what is sent in their place is named.
+REFUSED_FIELDS |= {
+    "n_predict": (lambda v: v is None, "not sent to a method's calls: max_tokens is"),
+    "repeat_penalty": (lambda v: v is None, "not sent to a method's calls: repetition_penalty is"),
+    "no_stop_trim": (lambda v: not v, "stop ends the reply: include_stop_str_in_output keeps the sequence"),
+    "typical_p": (lambda v: v in (None, 1), "not sent to a method's calls: top_p, top_k and min_p are"),
+    "mirostat": (lambda v: not v, "not sent to a method's calls: top_p, top_k and min_p are"),
+    "dynatemp_range": (lambda v: not v, "not sent to a method's calls: temperature is"),
+    "top_n_sigma": (lambda v: v in (None, -1), "not sent to a method's calls: top_p, top_k and min_p are"),
+    "xtc_probability": (lambda v: not v, "not sent to a method's calls: top_p, top_k and min_p are"),
+    "dry_multiplier": (lambda v: not v, "not sent to a method's calls: presence_penalty and repetition_penalty are"),
 }
 
 
