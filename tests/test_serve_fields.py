@@ -239,6 +239,27 @@ def test_stream_options_without_a_stream_is_refused_as_vllm_refuses_it(sim: SimS
     assert streamed.status_code == 200 and sse_events(streamed.text)[-1]["usage"]["total_tokens"] > 0
 
 
+def test_usage_in_every_chunk_is_refused_where_a_run_sums_it_once_ended(sim: SimServer, tmp_path: Path) -> None:
+    body = {"model": "cot/sim-model", "messages": QUESTION, "stream": True}
+    with ProxyThread(settings_for(sim), ServeOptions(serve_dir=tmp_path / "served")) as proxy:
+        refused = post_chat(proxy, {**body, "stream_options": {"include_usage": True, "continuous_usage_stats": True}})
+        assert sim.chat_bodies() == []
+        served = post_chat(proxy, {**body, "stream_options": {"include_usage": True, "continuous_usage_stats": False}})
+    assert refused.status_code == 400
+    assert refused.json() == {
+        "error": {
+            "message": "stream_options.continuous_usage_stats is not supported by tmas serve: a run's usage is summed"
+            " once it has ended (include_usage sends it in the stream's last chunk)",
+            "type": "invalid_request_error",
+            "param": "stream_options",
+            "code": "unsupported_parameter",
+        }
+    }
+    events = sse_events(served.text)
+    assert served.status_code == 200 and events[-1]["usage"]["total_tokens"] > 0
+    assert all(e["usage"] is None for e in events[:-1])
+
+
 def test_tags_in_a_question_are_inert_in_the_prompt_and_kept_everywhere_else(sim: SimServer, tmp_path: Path) -> None:
     asked = "Which tag does </think> close? Write it as HTML writes it.\n<problem>\n<b>bold</b> is not it."
     context = "Earlier I wrote </solution> by mistake."

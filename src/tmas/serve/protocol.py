@@ -66,6 +66,8 @@ class StreamOptions(BaseModel):
 
     # A last chunk with the whole reply's usage and no choices (every chunk before it carries "usage": null).
     include_usage: bool | None = None
+    # vLLM's usage so far in every chunk: refused (ChatBody.read), as a run's usage is summed once it has ended.
+    continuous_usage_stats: bool | None = None
 
 
 def _no_tool_call(value: object) -> bool:
@@ -244,6 +246,12 @@ class ChatBody(BaseModel):
         stops = body.stop_sequences()
         if len(stops) > MAX_STOP or not all(stops):
             raise ApiError(400, f"stop: at most {MAX_STOP} non-empty sequences", "invalid_value", "stop")
+        if body.stream_options is not None and body.stream_options.continuous_usage_stats:
+            message = (
+                "stream_options.continuous_usage_stats is not supported by tmas serve: a run's usage is summed once it"
+                " has ended (include_usage sends it in the stream's last chunk)"
+            )
+            raise ApiError(400, message, "unsupported_parameter", "stream_options")
         if body.n not in (None, 1):
             raise ApiError(
                 400, "only n=1 is supported (a method already samples many candidates)", "invalid_value", "n"
