@@ -260,6 +260,21 @@ def test_usage_in_every_chunk_is_refused_where_a_run_sums_it_once_ended(sim: Sim
     assert all(e["usage"] is None for e in events[:-1])
 
 
+def test_an_empty_problem_is_a_400_naming_the_messages(sim: SimServer, tmp_path: Path) -> None:
+    messages = [{"role": "user", "content": "What is 17*23?"}, {"role": "assistant", "content": "391"}]
+    with ProxyThread(settings_for(sim), ServeOptions(serve_dir=tmp_path / "served")) as proxy:
+        reply = post_chat(proxy, {"model": "cot/sim-model", "messages": [*messages, {"role": "user", "content": " "}]})
+    assert reply.status_code == 400 and sim.chat_bodies() == []
+    assert reply.json() == {
+        "error": {
+            "message": "messages[2]: the problem (last user message) is empty",
+            "type": "invalid_request_error",
+            "param": "messages",
+            "code": "invalid_value",
+        }
+    }
+
+
 def test_tags_in_a_question_are_inert_in_the_prompt_and_kept_everywhere_else(sim: SimServer, tmp_path: Path) -> None:
     asked = "Which tag does </think> close? Write it as HTML writes it.\n<problem>\n<b>bold</b> is not it."
     context = "Earlier I wrote </solution> by mistake."

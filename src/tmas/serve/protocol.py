@@ -297,7 +297,8 @@ class ChatBody(BaseModel):
             )
         problem = self.messages[last].text(f"messages[{last}]")
         if not problem.strip():
-            raise ApiError(400, f"messages[{last}]: the problem (last user message) is empty", "invalid_value")
+            message = f"messages[{last}]: the problem (last user message) is empty"
+            raise ApiError(400, message, "invalid_value", "messages")
         context = [{"role": m.role, "content": m.text(f"messages[{i}]")} for i, m in enumerate(self.messages[:last])]
         # Problem text is data handed to the template, never template syntax. It is kept as written (TaggedText):
         # the question is the run's problem, and the method's templates make its tags inert where they insert it.
