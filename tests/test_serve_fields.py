@@ -49,6 +49,22 @@ def test_progress_is_sent_under_both_reasoning_field_names(sim: SimServer, tmp_p
     assert "\\boxed{391}" in message["content"]
 
 
+def test_a_request_without_reasoning_gets_no_reasoning_and_the_same_reply(sim: SimServer, tmp_path: Path) -> None:
+    body = {"model": "tmas/sim-model", "messages": QUESTION, "tmas": TMAS_SMALL, "include_reasoning": False}
+    with ProxyThread(settings_for(sim), ServeOptions(serve_dir=tmp_path / "served")) as proxy:
+        plain = post_chat(proxy, body)
+        streamed = post_chat(proxy, {**body, "stream": True})
+    message = plain.json()["choices"][0]["message"]
+    assert plain.status_code == 200 and set(message) == {"role", "content"} and "\\boxed{391}" in message["content"]
+    events = sse_events(streamed.text)
+    deltas = [e["choices"][0]["delta"] for e in events if e["choices"]]
+    assert not any("reasoning" in d or "reasoning_content" in d for d in deltas)
+    assert "\\boxed{391}" in "".join(d.get("content") or "" for d in deltas)
+    # The progress still comes, machine-readable, on chunks whose delta is empty.
+    progress = [e for e in events if e.get("tmas_progress", {}).get("kind") == "call"]
+    assert len(progress) == 4 and all(e["choices"][0]["delta"] == {} for e in progress)
+
+
 def test_chat_template_kwargs_reach_every_upstream_call(sim: SimServer, tmp_path: Path) -> None:
     settings = settings_for(sim).model_copy(deep=True)
     # The server's own template arguments: the request's keys go over them, the others stay.

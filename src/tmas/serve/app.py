@@ -194,8 +194,8 @@ class ServeApp:
             extension["calls"] = result.calls
             text = body.reply_text(result.text)
             finish = finish_reason(result, text)
-            # The progress a stream would have sent, as the message's reasoning.
-            reasoning = "".join(event.line() + "\n" for event in job.events)
+            # The progress a stream would have sent, as the message's reasoning (unless the request asks none).
+            reasoning = "".join(event.line() + "\n" for event in job.events) if body.shows_reasoning else ""
             reply = completion_body(
                 job.run_id, body.model, job.created, text, finish, result.usage, extension, reasoning
             )
@@ -265,7 +265,8 @@ class ServeApp:
                     continue
                 if event is None:
                     break
-                delta = with_reasoning({}, event.line() + "\n")
+                # Without reasoning (include_reasoning false) the chunk still carries the progress as tmas_progress.
+                delta = with_reasoning({}, event.line() + "\n") if body.shows_reasoning else {}
                 yield _sse(chunk_body(job.run_id, model, created, delta, with_usage=usage, progress=event.model_dump()))
             try:
                 result = job.outcome()

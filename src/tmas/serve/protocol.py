@@ -191,6 +191,8 @@ class ChatBody(BaseModel):
     reasoning_effort: str | None = Field(default=None, min_length=1)
     # How long a reply is (OpenAI's field for its GPT-5 models): sent with every upstream call, as reasoning_effort.
     verbosity: str | None = Field(default=None, min_length=1)
+    # vLLM's field: false leaves the reasoning (here, the run's progress) out of the reply.
+    include_reasoning: bool | None = None
     # Method parameters (extra_body={"tmas": {...}}), validated by the method's own model.
     tmas: dict[str, Any] = Field(default_factory=dict)
     # The 400 for a field the body asks that a method's reply cannot carry (REFUSED_FIELDS), held by :meth:`read`
@@ -206,6 +208,12 @@ class ChatBody(BaseModel):
     def include_usage(self) -> bool:
         """Whether a stream ends with a usage chunk (``stream_options.include_usage``)."""
         return bool(self.stream_options and self.stream_options.include_usage)
+
+    @property
+    def shows_reasoning(self) -> bool:
+        """Whether the reply carries the run's progress as its reasoning (``include_reasoning``, true unless sent
+        false)."""
+        return self.include_reasoning is not False
 
     @property
     def refusal(self) -> ApiError | None:
