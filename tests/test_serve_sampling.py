@@ -133,3 +133,13 @@ def test_vllm_sampling_fields_at_the_top_level_reach_every_upstream_call(sim: Si
 def test_a_bad_vllm_sampling_field_is_a_400_naming_it() -> None:
     with pytest.raises(ApiError, match="bad value for 'min_p'"):
         ChatBody.parse(b'{"model": "cot/m", "messages": [{"role": "user", "content": "1?"}], "min_p": 2}')
+
+
+def test_max_completion_tokens_is_every_calls_max_tokens_over_max_tokens(sim: SimServer, tmp_path: Path) -> None:
+    with ProxyThread(settings_for(sim), ServeOptions(serve_dir=tmp_path / "served")) as proxy:
+        api = client(proxy)
+        api.chat.completions.create(model="cot/sim-model", messages=QUESTION, max_completion_tokens=77)
+        # Both sent: OpenAI's newer field wins, as vLLM reads them.
+        api.chat.completions.create(model="cot/sim-model", messages=QUESTION, max_tokens=10, max_completion_tokens=88)
+    assert [b["max_tokens"] for b in sim.chat_bodies()] == [77, 88]
+    assert not any("max_completion_tokens" in b for b in sim.chat_bodies())
