@@ -15,6 +15,7 @@ from conftest import run_tmas, settings_for
 from tmas.api import aresume
 from tmas.config import Settings
 from tmas.errors import InputError
+from tmas.grading.grades import GradeConfig
 from tmas.methods import create_method
 from tmas.planning.estimate import (
     Estimate,
@@ -23,12 +24,12 @@ from tmas.planning.estimate import (
     brief_estimate,
     calls_said,
     estimate_point,
-    failed_credit,
     format_estimate,
     stored_ceiling,
     stored_over_points,
 )
 from tmas.problems import Problem
+from tmas.reports.report import evaluate_run
 from tmas.runner import prepare_run, run_problems
 from tmas.store.run_store import RunStore
 from tmas.testing import LongReplies, Rule, SimScript, SimServer
@@ -502,14 +503,21 @@ async def test_a_resume_under_a_token_budget_takes_off_what_its_failed_calls_spe
     assert len(sim.chat_bodies()) == 2
 
 
-async def _failed_thrice(sim: SimServer, run_dir: Path, k: int, budget: dict[str, int]) -> None:
-    """A run of majority ``k`` at 100 tokens a call under ``budget`` whose first three samples are cut part way and
-    not retried: they fail, and none of its answered calls is a sure replay (each comes after a failed one)."""
+async def test_a_resume_under_a_call_budget_asks_its_failed_calls_again_in_their_place(
+    sim: SimServer, tmp_path: Path
+) -> None:
+    # Majority k = 16 under a budget of 8 calls, 100 tokens a call at most. The first run sends 8: three are cut part
+    # way and not retried (they fail), five answer, and the budget stops the problem. A resume asks the three again
+    # and replays the five: the budget counts each failed call once, as the call asked in its place, so the problem
+    # ends with the 8 samples a run without failures has and the server receives 3 calls. Counted beside their new
+    # calls, the failed ones left it 5 samples (3 asked again, 2 replayed). No answered call is a sure replay (each
+    # follows a failed one), so the estimate says 8 calls to send, 800 tokens, and takes nothing off for the failures.
+    run_dir = tmp_path / "run"
     settings = settings_for(
         sim,
-        method={"name": "majority", "params": {"k": k}},
+        method={"name": "majority", "params": {"k": 16}},
         sampling={"max_tokens": 100},
-        budget=budget,
+        budget={"calls": 8},
         retry={"max_attempts": 1},
     )
     cut = Rule(fault="cut", fault_after_tokens=20, times=3)
@@ -517,107 +525,25 @@ async def _failed_thrice(sim: SimServer, run_dir: Path, k: int, budget: dict[str
     store, settings, todo = prepare_run(run_dir, settings, PROBLEM, resume=False)
     with store:
         await run_problems(settings, todo, store)
-        assert store.failed_spend(PROBLEM[0].problem_id).calls == 3 and store.sure_replays() == {}
+        assert store.failed_spend("q0").calls == 3 and store.sure_replays() == {}
     sim.reset()
     sim.set_script(SimScript(rules=[Rule(usage=ScriptedUsage(prompt_tokens=5, completion_tokens=10))]))
-
-
-async def test_a_resume_under_a_call_budget_takes_off_its_failed_calls(sim: SimServer, tmp_path: Path) -> None:
-    # Majority k = 16 under a budget of 8 calls: a problem sends 8 at most. Three of them failed; a resume counts
-    # them against the budget from the start, so 8 - 3 = 5 calls can go, at 100 tokens each at most: 500.
-    await _failed_thrice(sim, tmp_path / "run", 16, {"calls": 8})
-    left = 5
-    with pytest.raises(InputError, match=rf"the estimate is {left} calls \(threshold {left - 1}\)"):
-        await aresume(tmp_path / "run", max_calls=left - 1)
-    with pytest.raises(InputError, match=r"the estimate is 500 completion tokens \(threshold 499\)"):
-        await aresume(tmp_path / "run", max_completion_tokens=499)
-    refused = run_tmas("run", "--resume", str(tmp_path / "run"), "--confirm-calls", str(left - 1), text=True)
-    assert refused.returncode == 2
-    assert f"the estimate is {left} calls (threshold {left - 1})" in refused.stderr.splitlines()[-1]
-    dry = run_tmas("run", "--resume", str(tmp_path / "run"), "--dry-run", text=True)
-    said = "3 fewer for the failed calls the call budget counts; at most 5 still to send, <=500 completion tokens"
-    assert said in dry.stderr
-    assert sim.chat_bodies() == []
-    await aresume(tmp_path / "run", max_calls=left)
-    # The three failed samples asked again: within the five the estimate said could go.
-    with RunStore(tmp_path / "run", create=False) as store:
-        assert store.results()[0].status == "done"
-    assert len(sim.chat_bodies()) == 3
-
-
-async def test_a_resume_without_a_call_budget_counts_its_failed_calls_as_to_send(
-    sim: SimServer, tmp_path: Path
-) -> None:
-    # Majority k = 4, no budget: 8 calls at most (each sample asked again once). The three failed samples are asked
-    # again, and the structure's count holds them: nothing comes off, 8 calls and 800 tokens still.
-    await _failed_thrice(sim, tmp_path / "run", 4, {})
     with pytest.raises(InputError, match=r"the estimate is 8 calls \(threshold 7\)"):
-        await aresume(tmp_path / "run", max_calls=7)
-    dry = run_tmas("run", "--resume", str(tmp_path / "run"), "--dry-run", text=True)
+        await aresume(run_dir, max_calls=7)
+    dry = run_tmas("run", "--resume", str(run_dir), "--dry-run", text=True)
     assert dry.returncode == 0, dry.stderr
-    assert "  total: 4 calls\n" in dry.stderr
-    assert "failed calls" not in dry.stderr and "  stored:" not in dry.stderr
-    assert "  completion tokens: 800 " in dry.stderr
+    assert "failed calls" not in dry.stderr and "  total: 8 calls\n" in dry.stderr
+    assert "  completion tokens: 800 (every call" in dry.stderr
     assert sim.chat_bodies() == []
-    await aresume(tmp_path / "run", max_calls=8)
+    await aresume(run_dir, max_calls=8)
     assert len(sim.chat_bodies()) == 3
-
-
-def test_a_call_budget_takes_failed_calls_off_with_the_replays() -> None:
-    # Majority k = 16 under 8 calls, on one problem with 3 failed and 2 replayed: 8 - 3 - 2 = 3 can go, so the
-    # failed calls take 3 off the 6 left after the replays. Majority k = 4 (8 calls at most) under 10: the budget
-    # does not cut the count, but with 3 failed only 7 can go: 1 off; a problem with 9 failed and 4 replayed can
-    # send none of the 4 left after its replays: 4 off.
-    settings = Settings.model_validate({"sampling": {"max_tokens": 100}, "budget": {"calls": 8}})
-    capped = estimate_point("a", create_method("majority", {"k": 16}), settings, 1, None)
-    assert failed_credit(capped, {"q0": 3}, {"q0": 2}) == 3
-    assert Estimate([capped], stored_calls=2).calls_to_send == 6
-    capped.failed_calls = 3
-    estimate = Estimate([capped], stored_calls=2)
-    assert estimate.calls_to_send == 3
-    wide = Settings.model_validate({"sampling": {"max_tokens": 100}, "budget": {"calls": 10}})
-    uncut = estimate_point("b", create_method("majority", {"k": 4}), wide, 2, None)
-    assert uncut.most_calls == 16 and failed_credit(uncut, {"q0": 3}, {}) == 1
-    assert failed_credit(uncut, {"q0": 3, "q1": 9}, {"q1": 4}) == 1 + (8 - 4)
-    # Without a call budget, nothing: the failed calls are asked again.
-    free = estimate_point("c", create_method("majority", {"k": 16}), Settings(), 1, None)
-    assert failed_credit(free, {"q0": 3}, {}) == 0
-
-
-def test_a_call_budgets_failed_calls_come_off_a_means_tokens_by_their_share() -> None:
-    # Majority k = 16 under 8 calls at a given 60 tokens a call, on 10 problems: 80 calls, 4,800 tokens. Three calls
-    # left unsent for failed ones take 3/80 off, alone or beside another point's stored calls.
-    settings = Settings.model_validate({"budget": {"calls": 8}})
-    rates = TokenRates(default_completion=60.0)
-    point = estimate_point("a", create_method("majority", {"k": 16}), settings, 10, rates)
-    assert (point.most_calls, point.completion_tokens) == (80, 4800)
-    point.failed_calls = 3
-    assert Estimate([point]).tokens_to_send == 4800 * 77 / 80
-    assert stored_over_points([(point, 2, {}, None)]) == 4800 * 5 / 80
-
-
-def test_a_sweep_run_again_under_a_call_budget_takes_off_its_failed_calls(sim: SimServer, tmp_path: Path) -> None:
-    # One point, majority k = 16 under a budget of 8 calls, whose first three samples failed: run again, it can send
-    # 8 - 3 = 5 calls, as a resume of its run can.
-    problems = tmp_path / "p.jsonl"
-    problems.write_text('{"problem_id": "q0", "question": "What is 2*7?", "answer": "14"}\n')
-    (tmp_path / "grid.toml").write_text('[[study]]\nmethod = "majority"\ngrid = { k = [16] }\n')
-    (tmp_path / "config.toml").write_text("[sampling]\nmax_tokens = 100\n\n[retry]\nmax_attempts = 1\n")
-    out = tmp_path / "sw"
-    made = ["sweep", str(tmp_path / "grid.toml"), "--config", str(tmp_path / "config.toml"), "--problems"]
-    made += [str(problems), "--out", str(out), "--base-url", sim.base_url, "--no-report", "--budget-calls", "8"]
-    cut = Rule(fault="cut", fault_after_tokens=20, times=3)
-    sim.set_script(SimScript(rules=[cut, Rule(usage=ScriptedUsage(prompt_tokens=5, completion_tokens=10))]))
-    first = run_tmas(*made, "--yes", text=True)
-    assert first.returncode == 0, first.stderr
-    with RunStore(out / "runs" / "majority__k=16__budget_calls=8", create=False) as store:
-        assert store.failed_spend("q0").calls == 3
-    sim.reset()
-    refused = run_tmas("sweep", "--resume", str(out), "--no-report", "--confirm-calls", "4", text=True)
-    assert refused.returncode == 2
-    assert "the estimate is 5 calls (threshold 4)" in refused.stderr.splitlines()[-1]
-    assert sim.chat_bodies() == []
-    went = run_tmas("sweep", "--resume", str(out), "--no-report", "--confirm-calls", "5", text=True)
-    assert went.returncode == 0, went.stderr
-    assert "up to 5 calls to send (3 fewer for the failed calls the call budget counts)" in went.stderr
-    assert len(sim.chat_bodies()) == 3
+    with RunStore(run_dir, create=False) as store:
+        [result] = store.results()
+    [record] = result.iterations
+    assert sorted(c.index for c in record.candidates if c.error is None) == list(range(8))
+    # The result counts every call spent (the 3 failed beside the 8); the budget's stop and the report's budget
+    # table count 8 of a budget of 8.
+    assert (result.calls, result.failed_calls, result.stopped_reason) == (11, 0, "budget")
+    assert "(8 calls of a budget of 8)" in record.notes[-1]
+    e = await evaluate_run(run_dir, GradeConfig(mode="rules"), None)
+    assert e.budget is not None and (e.budget.calls, e.budget.stopped) == ([8], 1)

@@ -65,8 +65,9 @@ async def test_a_call_asked_again_on_resume_is_charged_in_every_token_figure_of_
     it0 = e.metrics.at(0)
     assert it0 is not None
     assert (it0.calls, it0.prompt_tokens, it0.completion_tokens, it0.tokens_per_problem) == (2, 10, 1290, 1300.0)
-    # The budget table: what the problem spent, as the budget counts it, and its calls.
-    assert e.budget is not None and (e.budget.tokens, e.budget.calls) == ([1290], [2])
+    # The budget table: what the problem spent, as the budget counts it, and its calls as a call budget counts them
+    # (the failed call once, as the call asked in its place).
+    assert e.budget is not None and (e.budget.tokens, e.budget.calls) == ([1290], [1])
     # The run's own section compares its final state at the same spend.
     assert e.metrics.finals["q"].tokens == 1300
 

@@ -49,7 +49,6 @@ from tmas.planning.estimate import (
     Estimate,
     brief_estimate,
     estimate_point,
-    failed_credit,
     replay_credit,
     stored_ceiling,
 )
@@ -250,7 +249,6 @@ async def aresume(
             roles = setup.replayed_roles(peek)
             banked = setup.pooled_left(peek, settled)
             spent = setup.replayed_tokens(peek, settled)
-            failed = setup.failed_calls(peek, settled)
         check_cost(
             "tmas.api.aresume",
             settings,
@@ -262,7 +260,6 @@ async def aresume(
             roles=roles,
             banked=banked,
             spent=spent,
-            failed=failed,
         )
     store, settings, todo = prepare_run(run_dir, settings, None, resume=True, own_model=model is not None)
     with store:
@@ -358,17 +355,15 @@ def check_cost(
     roles: Mapping[str, int] | None = None,
     banked: int = 0,
     spent: Mapping[str, int] | None = None,
-    failed: Mapping[str, int] | None = None,
 ) -> None:
     """Refuse, in one line naming ``what``, a run of ``problems`` under ``settings`` whose estimate (less the
     ``stored`` answered calls, by problem, a resume replays, at their ``roles``' max_tokens or, under a token budget,
-    at what they ``spent`` of it by problem; less what a call budget leaves unsent for the ``failed`` calls, by
-    problem; with what a pooled token budget's bank holds for the problems, ``banked``) is over ``max_calls`` or
-    ``max_completion_tokens``; a method that states no calls per problem goes ahead, as under ``tmas serve``'s cap."""
+    at what they ``spent`` of it by problem; with what a pooled token
+    budget's bank holds for the problems, ``banked``) is over ``max_calls`` or ``max_completion_tokens``; a method
+    that states no calls per problem goes ahead, as under ``tmas serve``'s cap."""
     method = run_method(settings, own_model=model is not None)
     point = estimate_point(what, method, settings, problems, None, banked=banked)
     estimate = Estimate([point], stored_calls=replay_credit(point, stored or {}))
-    point.failed_calls = failed_credit(point, failed or {}, stored or {})
     estimate.stored_tokens = stored_ceiling(point, estimate.stored_calls, roles or {}, spent)
     why = estimate.over(max_calls, max_completion_tokens)
     if why is not None:

@@ -447,8 +447,10 @@ class Budget(Strict):
     refused and the method stops there with ``stopped_reason = "budget"``. ``count`` says which tokens are spent:
     ``completion`` (the default: what generation costs; prompt tokens are largely prefix-cache hits on vLLM and
     SGLang) or ``total`` (prompt + completion). Calls already in flight finish and count: a call budget counts them
-    too and is never exceeded; a token budget holds a call back while the calls in flight could spend what is left
-    (each counted at its max_tokens), so it is passed by one call's tokens at most (``ProblemSession._admit``).
+    too and is never exceeded (a call that failed and that a resume asks again counts once, as its new call: what it
+    generated still counts against a token budget); a token budget holds a call back while the calls in flight could
+    spend what is left (each counted at its max_tokens), so it is passed by one call's tokens at most
+    (``ProblemSession._admit``).
 
     ``pool`` (with ``tokens``): the run's budget is ``tokens`` per problem over all its problems, and what a finished
     problem left unused goes to problems still open (see ``tmas.methods.base.TokenBank``).

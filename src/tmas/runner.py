@@ -526,16 +526,6 @@ class RunSetup:
                 spent[pid] = spent.get(pid, 0) + failed
         return {pid: n for pid, n in spent.items() if pid not in settled}
 
-    def failed_calls(self, store: RunStore, settled: Collection[str]) -> dict[str, int]:
-        """How many of a problem's calls failed, by problem, the ``settled`` problems' left out: a resume asks each
-        again, and a call budget counts them from the start (``ProblemSession._spent_before``), whatever the
-        requests; what a resume's estimate under one takes off each problem's calls
-        (:func:`tmas.planning.estimate.failed_credit`). None without a call budget, which they would not change."""
-        if self.settings.budget.calls is None:
-            return {}
-        failed = {pid: store.failed_spend(pid).calls for pid in store.called_problems() if pid not in settled}
-        return {pid: n for pid, n in failed.items() if n}
-
     def pooled_left(self, store: RunStore, settled: Collection[str]) -> int:
         """What a pooled token budget's bank holds when a resume under this setup starts (:func:`pooled_left`): the
         problems it solves may spend it beside their own shares, and a resume's estimate counts it so."""

@@ -550,8 +550,6 @@ class PointResume:
     banked: int = 0
     # The completion tokens the replayed calls spent, by problem (:meth:`tmas.runner.RunSetup.replayed_tokens`).
     spent: dict[str, int] = field(default_factory=dict)
-    # The failed calls a call budget counts, by problem (:meth:`tmas.runner.RunSetup.failed_calls`).
-    failed: dict[str, int] = field(default_factory=dict)
 
 
 def point_resume(point: SweepPoint, settings: Settings, out_dir: Path, problems: int) -> PointResume:
@@ -572,7 +570,6 @@ def point_resume(point: SweepPoint, settings: Settings, out_dir: Path, problems:
             setup.replayed_roles(peek),
             setup.pooled_left(peek, settled),
             setup.replayed_tokens(peek, settled),
-            setup.failed_calls(peek, settled),
         )
 
 

@@ -113,7 +113,7 @@ def _filter_estimate(
     settled (skipped) and the answered samples it replays; its judge's calls said beside them."""
     from tmas.cli.estimate import judge_calls
     from tmas.data.difficulty_filter import holds_filter_run, served_by_filter_run
-    from tmas.planning.estimate import Estimate, estimate_point, failed_credit, replay_credit
+    from tmas.planning.estimate import Estimate, estimate_point, replay_credit
     from tmas.problems import load_problems
     from tmas.runner import RunSetup, run_method
     from tmas.store.run_store import RunStore
@@ -122,7 +122,6 @@ def _filter_estimate(
     asked = asked[:limit] if limit else asked
     settled: set[str] = set()
     replays: dict[str, int] = {}
-    failed: dict[str, int] = {}
     # Another run there, or samples drawn otherwise (another model, server or sampling), are refused before the
     # estimate (which would count their calls as this filter's, and print before the refusal).
     served = interrupt.run(served_by_filter_run(run_dir, settings, own_model=False))
@@ -131,11 +130,9 @@ def _filter_estimate(
             setup = RunSetup.check(settings)
             settled = setup.settled(peek) & {p.problem_id for p in asked}
             replays = setup.replays(peek, settled)
-            failed = setup.failed_calls(peek, settled)
     point = estimate_point(run_dir.name, run_method(settings), settings, len(asked) - len(settled), None)
     planned = Estimate([point], measurable=False)
     planned.stored_calls = replay_credit(point, replays)
-    point.failed_calls = failed_credit(point, failed, replays)
     judged = judge_calls(grading)
     planned.left_out += [judged.replace("the report's", "the grading's")] if judged else []
     return planned

@@ -37,7 +37,6 @@ from tmas.planning.estimate import (
     TokenRates,
     brief_estimate,
     estimate_point,
-    failed_credit,
     format_estimate,
     replay_credit,
     stored_over_points,
@@ -187,9 +186,7 @@ def _gate_pilot(configs: list[tuple[str, Settings]], problems: int, flags: Estim
         if holds_run(pilot_dir / name):
             with RunStore(pilot_dir / name, create=False) as peek:
                 setup = RunSetup.check(pilot)
-                replays = setup.replays(peek, ())
-                point.failed_calls = failed_credit(point, setup.failed_calls(peek, ()), replays)
-                held.append((point, replay_credit(point, replays), setup.replayed_roles(peek), None))
+                held.append((point, replay_credit(point, setup.replays(peek, ())), setup.replayed_roles(peek), None))
     # Each configuration's stored calls come off its own tokens, at their roles' max_tokens.
     planned = Estimate(
         points, stored_calls=sum(calls for _, calls, _, _ in held), stored_tokens=stored_over_points(held)

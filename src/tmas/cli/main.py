@@ -285,7 +285,7 @@ def _resume_run(
     from tmas.cli.estimate import build_estimate, gate
     from tmas.llm.model import EndpointUnreachable
     from tmas.llm.preflight import check_endpoints
-    from tmas.planning.estimate import failed_credit, replay_credit, stored_ceiling
+    from tmas.planning.estimate import replay_credit, stored_ceiling
     from tmas.runner import (
         RunSetup,
         Unreachable,
@@ -331,15 +331,12 @@ def _resume_run(
         replays = setup.replays(peek, settled)
         roles = setup.replayed_roles(peek)
         spent = setup.replayed_tokens(peek, settled)
-        # Under a call budget, the failed calls count against it from the start: fewer calls can go.
-        failed = setup.failed_calls(peek, settled)
         # A pooled token budget's bank starts with what the settled problems left: the others may spend it.
         banked = setup.pooled_left(peek, settled)
     solving = count - len(settled)
     pilot_dir = run_dir / "pilot"
     planned = build_estimate([(run_dir.name, settings)], listed, estimate, pilot_dir, solving=solving, banked=[banked])
     planned.stored_calls = replay_credit(planned.points[0], replays)
-    planned.points[0].failed_calls = failed_credit(planned.points[0], failed, replays)
     # At their roles' max_tokens where the tokens are a ceiling: a run stopped after its cheap calls has its dear
     # ones left.
     planned.stored_tokens = stored_ceiling(planned.points[0], planned.stored_calls, roles, spent)
@@ -753,7 +750,7 @@ def sweep(
     """Run a grid of methods x parameters over one problem set (one run per point, resumable) and report it."""
     from tmas.cli.estimate import build_estimate, gate
     from tmas.cli.progress import plain_status
-    from tmas.planning.estimate import failed_credit, replay_credit, stored_over_points
+    from tmas.planning.estimate import replay_credit, stored_over_points
     from tmas.runner import RunState, StoreFailed, Unreachable, check_before_estimate
     from tmas.sweep import (
         check_not_running,
@@ -818,8 +815,6 @@ def sweep(
     resumed = [point_resume(point, settings, out, len(listed)) for point in points]
     solving, banked = [r.solves for r in resumed], [r.banked for r in resumed]
     planned = build_estimate(configs, listed, estimate, out / "pilot", solving=solving, banked=banked)
-    for p, r in zip(planned.points, resumed, strict=True):
-        p.failed_calls = failed_credit(p, r.failed, r.replays)
     held = [(p, replay_credit(p, r.replays), r.roles, r.spent) for p, r in zip(planned.points, resumed, strict=True)]
     planned.stored_calls = sum(calls for _, calls, _, _ in held)
     # Each point's stored calls come off its own tokens, at their roles' max_tokens where those are a ceiling.

@@ -259,6 +259,9 @@ class ProblemSession:
         # first one did): what budgets are checked against. Tokens as the budget counts them (``Budget.count``).
         self.spent_calls = 0
         self.spent_tokens = 0
+        # Of ``spent_calls``, the calls of an earlier pass that failed and that a resume asks again: a call budget
+        # counts each such call once, as its new call (:meth:`_spent_before`).
+        self._asked_again = 0
         # Every call's usage and failures, the unfinished iteration's included: what the result reports.
         self.spent_usage = Usage()
         self.spent_failed = 0
@@ -294,11 +297,13 @@ class ProblemSession:
     def _spent_before(self, store: RunStore) -> None:
         """A problem solved again on resume starts from what its calls that failed in an earlier pass spent: a resume
         asks each again and replays none, and what the server generated for them is spent all the same. Counted
-        against the budget (a pooled one's too) and in the result's calls and usage, as the run's summary and every
-        token figure of the report count them (``tmas.reports.metrics.spent_through``); not as failures of the run,
-        which asks them again."""
+        against a token budget (a pooled one's too) and in the result's calls and usage, as the run's summary and
+        every token figure of the report count them (``tmas.reports.metrics.spent_through``); not as failures of the
+        run, which asks them again. A call budget does not count them: it counts the calls the method asks, and the
+        resume asks each of them again as a call of its own, which it counts; counting both would leave a resumed
+        problem fewer calls than one whose calls never failed."""
         earlier = store.failed_spend(self.problem.problem_id)
-        self.spent_calls = earlier.calls
+        self.spent_calls = self._asked_again = earlier.calls
         self.spent_tokens = self.budget.spent(earlier.usage)
         self.spent_usage = earlier.usage
 
@@ -484,8 +489,9 @@ class ProblemSession:
         """Raise :class:`BudgetExhausted` when the problem has spent its token or call budget."""
         b = self.budget
         over: list[str] = []
-        if b.calls is not None and self.spent_calls + self.calls_in_flight >= b.calls:
-            over.append(f"{self.spent_calls + self.calls_in_flight} calls of a budget of {b.calls}")
+        calls = self.spent_calls - self._asked_again + self.calls_in_flight
+        if b.calls is not None and calls >= b.calls:
+            over.append(f"{calls} calls of a budget of {b.calls}")
         if b.tokens is not None and self.spent_tokens >= b.tokens + self.drawn and self.bank is not None:
             self.drawn += self.bank.draw(b.tokens)
         if b.tokens is not None and self.spent_tokens >= b.tokens + self.drawn:

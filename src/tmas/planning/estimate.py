@@ -153,10 +153,6 @@ class PointEstimate:
     problem_cap: float | None = None
     # Whether the cut is a pooled budget's: the point's tokens bound what its problems spend together.
     pooled: bool = False
-    # The call budget each problem has (``budget.calls``), whether or not it cuts the structure's count.
-    call_budget: int | None = None
-    # On a resume under a call budget: the calls its problems' failed calls leave unsent (:func:`failed_credit`).
-    failed_calls: int = 0
 
     @property
     def total_calls(self) -> int:
@@ -193,7 +189,7 @@ def estimate_point(
             count.note = "; ".join(
                 filter(None, [count.note, f"the call budget stops each problem at {calls_said(budget.calls)}"])
             )
-    point = PointEstimate(name, method.name, problems, count, call_budget=budget.calls)
+    point = PointEstimate(name, method.name, problems, count)
     if not count.known:
         return point
     per_call: dict[str, float] | None = None
@@ -266,24 +262,6 @@ def replay_credit(point: PointEstimate, stored: Mapping[str, int]) -> int:
     return sum(min(n, most) for n in stored.values())
 
 
-def failed_credit(point: PointEstimate, failed: Mapping[str, int], stored: Mapping[str, int]) -> int:
-    """The calls a resume of ``point`` cannot send for its problems' ``failed`` calls, by problem
-    (:meth:`tmas.runner.RunSetup.failed_calls`), beside the ``stored`` answered ones it replays (as
-    :func:`replay_credit` counts them): under a call budget a resume counts a problem's failed calls against it from the
-    start (``ProblemSession._spent_before``), so the problem sends no more than its budget less them and its replays.
-    None without a call budget: a resume asks the failed calls again, and the structure's count holds them."""
-    budget = point.call_budget
-    if budget is None or not point.calls.known:
-        return 0
-    structure = sum(point.calls.most.values())
-    most, upper = point.calls.most_total, point.calls.upper_total
-    taken = 0
-    for pid, n in failed.items():
-        replayed = min(stored.get(pid, 0), upper)
-        taken += (most - replayed) - max(0, min(structure, budget - n) - replayed)
-    return taken
-
-
 def stored_ceiling(
     point: PointEstimate, calls: int, answered: Mapping[str, int], spent: Mapping[str, int] | None = None
 ) -> float | None:
@@ -293,14 +271,9 @@ def stored_ceiling(
     replayed calls and its failed ones ``spent`` of it instead, by problem
     (:meth:`tmas.runner.RunSetup.replayed_tokens`): a problem spends no more than its cap, replays and failed calls
     included, so what is left of it bounds what it sends. None where the
-    point's tokens are a mean (or ``spent`` is not given for a cut one): the calls' share is taken off then.
-
-    The calls a call budget leaves unsent for failed ones (``point.failed_calls``) come off a ceiling at its cheapest
-    role's max_tokens: what a problem still sends is no more than its budget's number of its dearest calls, less
-    those."""
+    point's tokens are a mean (or ``spent`` is not given for a cut one): the calls' share is taken off then."""
     if point.ceilings:
-        cheapest = min(point.ceilings.values(), default=0.0)
-        return fewest_tokens(calls, answered, point.ceilings) + point.failed_calls * cheapest
+        return fewest_tokens(calls, answered, point.ceilings)
     if point.problem_cap is None or spent is None:
         return None
     if point.pooled:
@@ -321,13 +294,12 @@ def stored_over_points(
     for point, calls, answered, spent in held:
         # A problem's failed calls spend its token budget though none is replayed (:func:`stored_ceiling`).
         budgeted = point.problem_cap is not None and bool(spent)
-        if not (calls or budgeted or point.failed_calls) or not point.most_calls:
+        if not (calls or budgeted) or not point.most_calls:
             continue
         if point.completion_tokens is None:
             return None
         ceiling = stored_ceiling(point, calls, answered, spent)
-        unsent = min(calls + point.failed_calls, point.most_calls)
-        share = point.completion_tokens * unsent / point.most_calls
+        share = point.completion_tokens * min(calls, point.most_calls) / point.most_calls
         taken += min(point.completion_tokens, share if ceiling is None else ceiling)
     return taken
 
@@ -376,15 +348,10 @@ class Estimate:
     measurable: bool = True
 
     @property
-    def failed_calls(self) -> int:
-        """The calls a resume's call budget leaves unsent for its problems' failed calls (:func:`failed_credit`)."""
-        return sum(p.failed_calls for p in self.points)
-
-    @property
     def calls_to_send(self) -> int:
         """The most calls still to be sent: the most the points can send (replies asked again included) less those
-        stored, and less those a call budget leaves unsent for failed ones."""
-        return max(0, self.most_calls - self.stored_calls - self.failed_calls)
+        stored."""
+        return max(0, self.most_calls - self.stored_calls)
 
     @property
     def tokens_to_send(self) -> float | None:
@@ -396,7 +363,7 @@ class Estimate:
         if self.stored_tokens is not None:
             # Under a token budget, a problem's failed calls have spent some of it with no call replayed.
             return max(0.0, tokens - self.stored_tokens)
-        if not (self.stored_calls or self.failed_calls) or not self.most_calls:
+        if not self.stored_calls or not self.most_calls:
             return tokens
         return tokens * self.calls_to_send / self.most_calls
 
@@ -484,7 +451,6 @@ class Estimate:
             "throughput_tokens_per_s": self.throughput,
             "hours": self.hours,
             "stored_calls": self.stored_calls,
-            "failed_calls": self.failed_calls,
         }
 
 
@@ -509,11 +475,11 @@ def _tokens(value: float) -> str:
 def brief_estimate(estimate: Estimate) -> str:
     """The estimate in one line: the calls (still to send, on a resume), the most they come to with every reply asked
     again as often as it can be (methods/call_count.py), and the completion-token ceiling or mean."""
-    if estimate.stored_calls or estimate.failed_calls:
+    if estimate.stored_calls:
         # A resume's calls to send are a bound: a stored call after a failed one is counted as to send, and every
         # reply asked again is in it.
         calls = estimate.calls_to_send
-        shown = f"up to {calls:,} call{'' if calls == 1 else 's'} to send ({_unsent(estimate)})"
+        shown = f"up to {calls:,} call{'' if calls == 1 else 's'} to send ({estimate.stored_calls:,} stored, replayed)"
     else:
         calls = estimate.upper_calls
         ranged = estimate.fewest_calls < calls
@@ -535,15 +501,6 @@ def brief_estimate(estimate: Estimate) -> str:
     for what in estimate.left_out:
         shown += f"; not counted: {what}"
     return shown
-
-
-def _unsent(estimate: Estimate) -> str:
-    """What a resume does not send of the most calls: its stored calls, replayed, and those its call budget leaves
-    unsent for failed ones."""
-    said = [f"{estimate.stored_calls:,} stored, replayed"] if estimate.stored_calls else []
-    if estimate.failed_calls:
-        said.append(f"{estimate.failed_calls:,} fewer for the failed calls the call budget counts")
-    return "; ".join(said)
 
 
 def _unstated_again(estimate: Estimate) -> bool:
@@ -597,18 +554,13 @@ def format_estimate(estimate: Estimate) -> str:
             " that repeats its instructions once, then an answerless solution reminded of its answer once);"
             " a transport retry adds an attempt, not a call"
         )
-    if estimate.stored_calls or estimate.failed_calls:
+    if estimate.stored_calls:
         to_send = estimate.tokens_to_send
         ceiling = any(p.basis == "max_tokens" for p in estimate.points)
         tokens = "" if to_send is None else f", {'<=' if ceiling else '~'}{_tokens(to_send)} completion tokens"
-        failed = (
-            f"; {estimate.failed_calls:,} fewer for the failed calls the call budget counts"
-            if estimate.failed_calls
-            else ""
-        )
         lines.append(
-            f"  stored: {calls_said(estimate.stored_calls, 'answered call')}, replayed rather than sent{failed}; at"
-            f" most {estimate.calls_to_send:,} still to send{tokens}"
+            f"  stored: {calls_said(estimate.stored_calls, 'answered call')}, replayed rather than sent; at most"
+            f" {estimate.calls_to_send:,} still to send{tokens}"
         )
     for what in estimate.left_out:
         lines.append(f"  not counted: {what}")

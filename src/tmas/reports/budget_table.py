@@ -51,10 +51,15 @@ class BudgetSpend:
 
 
 def budget_spend(
-    settings: Mapping[str, Any] | None, results: Sequence[ProblemResult], spend: Spend | None = None
+    settings: Mapping[str, Any] | None,
+    results: Sequence[ProblemResult],
+    spend: Spend | None = None,
+    asked_again: Mapping[str, int] | None = None,
 ) -> BudgetSpend | None:
     """The budget of a run's stored ``settings`` and the spend of its finished ``results`` (their stored calls'
-    with ``spend``, as the frontier counts it: metrics.spent_through); None without a budget."""
+    with ``spend``, as the frontier counts it: metrics.spent_through); None without a budget. Their calls as a call
+    budget counts them: less each problem's calls that failed and were ``asked_again`` on resume (the new call counts
+    in their place: ``ProblemSession._spent_before``)."""
     try:
         budget = Budget.model_validate((settings or {}).get("budget") or {})
     except ValidationError:
@@ -63,7 +68,8 @@ def budget_spend(
         return None
     finished = [r for r in results if not r.in_progress]
     tokens = {r.problem_id: spent_through(r, None, budget.spent, spend) for r in finished}
-    calls = {r.problem_id: _calls(r, spend) for r in finished}
+    again = asked_again or {}
+    calls = {r.problem_id: _calls(r, spend) - again.get(r.problem_id, 0) for r in finished}
     ended = [r for r in finished if r.status == "done" and r.stopped_reason != BUDGET_STOP]
     if budget.tokens is not None:
         # A pooled budget's problem may have drawn from the pool past its own share: its limit is share and draws.

@@ -341,7 +341,8 @@ def _run_records(
     e.paper_benchmark = paper_benchmark if isinstance(paper_benchmark, str) else None
     e.guidelines = unique_guidelines(results, setup.meta)
     e.stopping = stopping_summary(results)
-    e.budget = budget_spend(setup.settings, results, spend)
+    again = {pid: c["asked_again"] for pid, c in store.problem_costs(JUDGE_ROLE, other_roles=True).items()}
+    e.budget = budget_spend(setup.settings, results, spend, again)
     e.replies = role_replies(store)
     e.downgrades = store.downgrade_messages()
     e.notices = store.notices()
