@@ -614,6 +614,28 @@ def test_budgets_cap_the_estimate() -> None:
     assert point.completion_tokens == 10 * (500 + 2048) and point.basis == "max_tokens"
 
 
+def test_a_budget_of_prompt_and_completion_tokens_caps_the_estimates_completion_tokens() -> None:
+    # V-R at the paper's setting, 320 calls a problem, on 10 problems under 500 prompt + completion tokens a problem.
+    # A problem's completion tokens are no more than what the budget counts: as a ceiling (max_tokens 2,048 by
+    # default) the budget plus the one call that may pass it, 10 x (500 + 2,048), as under a completion budget, where
+    # the count of prompts left the estimate at every call's max_tokens (10 x 2,048 x 320 at the least).
+    method = create_method("verify_refine", {"n": 8, "m": 1, "iterations": 20})
+    total = Settings.model_validate({"budget": {"tokens": 500, "count": "total"}})
+    point = estimate_point("vr", method, total, 10, None)
+    assert point.completion_tokens == 10 * (500 + 2048) and point.problem_cap == 500 + 2048
+    assert "the token budget stops each problem near 500 prompt + completion tokens" in point.calls.note
+    assert "), <=25k completion tokens (an attempt cut" in brief_estimate(Estimate([point]))
+    # At a mean of 10 completion and 30 prompt tokens a call, a problem's 320 calls would spend 3,200 + 9,600; the
+    # budget stops it at 500, of which the completion tokens are their share, 500 x 3,200 / 12,800 = 125.
+    point = estimate_point("vr", method, total, 10, TokenRates(default_completion=10, default_prompt=30))
+    assert point.completion_tokens == 10 * 125
+    assert "), ~1.2k completion tokens" in brief_estimate(Estimate([point]))
+    # Under what the calls spend, nothing is cut: at 1 prompt token a call, 320 x 11 = 3,520 of a budget of 4,000.
+    wide = Settings.model_validate({"budget": {"tokens": 4000, "count": "total"}})
+    point = estimate_point("vr", method, wide, 10, TokenRates(default_completion=10, default_prompt=1))
+    assert point.completion_tokens == 10 * 3200 and "token budget" not in point.calls.note
+
+
 def test_a_refinement_that_may_go_out_as_a_solution_counts_at_the_dearer_max_tokens() -> None:
     # Self-Refine N = 2, T = 3: 2 solutions and 4 refinements, each asked at most twice, a refinement three times. A
     # trajectory starting afresh sends a solution (twice at most) in a refinement's place. Solutions at 100 tokens,

@@ -226,17 +226,24 @@ def estimate_point(
         # The structure's, whatever the budget.
         whole = problems * per_problem
         cut = False
-        if budget.tokens is not None and budget.count == "completion" and per_problem > budget.tokens:
+        # What a problem spends as the budget counts it: a mean's prompts too where it counts them (a ceiling knows
+        # no prompt, and its completion tokens alone bound what passes the budget).
+        counted = per_problem
+        if budget.count == "total" and not ceiling and problems:
+            counted += (point.prompt_tokens or 0.0) / problems
+        if budget.tokens is not None and counted > budget.tokens:
             cut = True
             # A problem stops at the budget, passing it by one call's tokens at most (ProblemSession._admit): a
-            # ceiling (max_tokens) counts that call too.
+            # ceiling (max_tokens) counts that call too. Where the budget counts prompts, a mean's completion tokens
+            # are their share of it.
             over = max(per_call.values(), default=0.0) if point.basis == "max_tokens" else 0.0
-            per_problem = min(per_problem, budget.tokens + over)
+            per_problem = min(per_problem, budget.tokens * per_problem / counted + over)
             pooled = f" and the {banked} tokens its finished problems left" if banked > 0 else ""
+            tokens = f"{budget.tokens} prompt + completion tokens" if budget.count == "total" else str(budget.tokens)
             where = (
                 f"the pooled token budget stops the run near {budget.tokens * problems}{pooled}"
                 if budget.pool
-                else f"the token budget stops each problem near {budget.tokens}"
+                else f"the token budget stops each problem near {tokens}"
             )
             count.note = "; ".join(filter(None, [count.note, where]))
         point.completion_tokens = problems * per_problem
