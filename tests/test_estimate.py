@@ -605,10 +605,10 @@ def test_budgets_cap_the_estimate() -> None:
     ceiling = estimate_point("vr", method, capped, 10, None)
     assert ceiling.most_calls == 1000 and ceiling.completion_tokens == 10 * 100 * 2048
     # A completion-token budget of 500 a problem: with measured rates, 320 calls x 10 tokens = 3,200 would pass it,
-    # and the estimate stops at the budget.
+    # and the estimate stops at the budget and the one call (10 tokens) that may pass it.
     tokens = Settings.model_validate({"budget": {"tokens": 500}})
     point = estimate_point("vr", method, tokens, 10, TokenRates(default_completion=10))
-    assert point.completion_tokens == 5000 and "token budget" in point.calls.note
+    assert point.completion_tokens == 10 * (500 + 10) and "token budget" in point.calls.note
     # As a ceiling (every call at max_tokens, 2,048 by default): the budget plus the one call that may pass it.
     point = estimate_point("vr", method, tokens, 10, None)
     assert point.completion_tokens == 10 * (500 + 2048) and point.basis == "max_tokens"
@@ -626,10 +626,11 @@ def test_a_budget_of_prompt_and_completion_tokens_caps_the_estimates_completion_
     assert "the token budget stops each problem near 500 prompt + completion tokens" in point.calls.note
     assert "), <=25k completion tokens (an attempt cut" in brief_estimate(Estimate([point]))
     # At a mean of 10 completion and 30 prompt tokens a call, a problem's 320 calls would spend 3,200 + 9,600; the
-    # budget stops it at 500, of which the completion tokens are their share, 500 x 3,200 / 12,800 = 125.
+    # budget stops it at 500 and the one call (40) that may pass it, of which the completion tokens are their share:
+    # 540 x 3,200 / 12,800 = 135.
     point = estimate_point("vr", method, total, 10, TokenRates(default_completion=10, default_prompt=30))
-    assert point.completion_tokens == 10 * 125
-    assert "), ~1.2k completion tokens" in brief_estimate(Estimate([point]))
+    assert point.completion_tokens == 10 * 135
+    assert "), ~1.4k completion tokens" in brief_estimate(Estimate([point]))
     # Under what the calls spend, nothing is cut: at 1 prompt token a call, 320 x 11 = 3,520 of a budget of 4,000.
     wide = Settings.model_validate({"budget": {"tokens": 4000, "count": "total"}})
     point = estimate_point("vr", method, wide, 10, TokenRates(default_completion=10, default_prompt=1))

@@ -226,18 +226,18 @@ def estimate_point(
         # The structure's, whatever the budget.
         whole = problems * per_problem
         cut = False
-        # What a problem spends as the budget counts it: a mean's prompts too where it counts them (a ceiling knows
-        # no prompt, and its completion tokens alone bound what passes the budget).
-        counted = per_problem
-        if budget.count == "total" and not ceiling and problems:
+        # What a problem spends as the budget counts it, and the dearest call as it counts it: a mean's prompts too
+        # where it counts them (a ceiling knows no prompt, and its completion tokens alone bound what passes it).
+        counted, over = per_problem, max(per_call.values(), default=0.0)
+        if budget.count == "total" and rates is not None and not ceiling and problems:
             counted += (point.prompt_tokens or 0.0) / problems
+            over = max((n + rates.prompt_of(role) for role, n in per_call.items()), default=0.0)
         if budget.tokens is not None and counted > budget.tokens:
             cut = True
-            # A problem stops at the budget, passing it by one call's tokens at most (ProblemSession._admit): a
-            # ceiling (max_tokens) counts that call too. Where the budget counts prompts, a mean's completion tokens
-            # are their share of it.
-            over = max(per_call.values(), default=0.0) if point.basis == "max_tokens" else 0.0
-            per_problem = min(per_problem, budget.tokens * per_problem / counted + over)
+            # A problem stops at the budget, passing it by one call at most (ProblemSession._admit): at the dearest
+            # call's max_tokens in a ceiling, its mean in a mean (a pilot's problems stopped by the budget spent
+            # that much). Where the budget counts prompts, the completion tokens are their share of it.
+            per_problem = min(per_problem, (budget.tokens + over) * per_problem / counted)
             pooled = f" and the {banked} tokens its finished problems left" if banked > 0 else ""
             tokens = f"{budget.tokens} prompt + completion tokens" if budget.count == "total" else str(budget.tokens)
             where = (
