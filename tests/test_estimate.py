@@ -91,6 +91,21 @@ def test_the_local_preset_ranges_from_a_settled_first_iteration() -> None:
     assert Estimate([point]).to_dict()["fewest_calls"] == 6
 
 
+def test_a_call_budget_under_the_fewest_calls_leaves_one_count() -> None:
+    # The local preset's problem sends 6 calls at the fewest and 12 by its structure; under a budget of 5 calls it
+    # sends 5 at most either way: 5 a problem and 70 on 14 problems, not a range of 5-5 and 70-70.
+    local = create_method("tmas", {"preset": "local"})
+    capped = Settings.model_validate({"budget": {"calls": 5}})
+    text = format_estimate(Estimate([estimate_point("local", local, capped, 14, None)]))
+    row = text.splitlines()[2].split()
+    assert row[:4] == ["local", "14", "<=5", "70"], text
+    assert "total: 70 calls\n" in text
+    # Under a budget of 8 the range stays: 6 to 8 a problem.
+    wider = Settings.model_validate({"budget": {"calls": 8}})
+    row = format_estimate(Estimate([estimate_point("local", local, wider, 14, None)])).splitlines()[2].split()
+    assert row[:4] == ["local", "14", "6-8", "84-112"]
+
+
 @pytest.mark.parametrize(
     ("params", "fewest"),
     [

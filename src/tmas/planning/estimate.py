@@ -524,8 +524,9 @@ def format_estimate(estimate: Estimate) -> str:
         per = f"{p.calls.total:,}" if p.calls.exact else f"<={p.calls.upper_total:,}"
         calls = f"{p.upper_calls:,}"
         tokens = "?" if p.completion_tokens is None else _tokens(p.completion_tokens)
-        if p.calls.fewest is not None:
-            # A stopping rule: from the fewest (every problem stopping as early as it can) to the most.
+        if p.calls.fewest is not None and p.calls.fewest_total < p.calls.upper_total:
+            # A stopping rule: from the fewest (every problem stopping as early as it can) to the most (a call budget
+            # below the fewest leaves one count).
             per, calls = f"{p.calls.fewest_total:,}-{p.calls.upper_total:,}", f"{p.fewest_calls:,}-{calls}"
         fewest = p.fewest_completion_tokens
         if fewest is not None and p.completion_tokens is not None and fewest < p.completion_tokens:
