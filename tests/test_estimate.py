@@ -100,6 +100,10 @@ def test_a_call_budget_under_the_fewest_calls_leaves_one_count() -> None:
     row = text.splitlines()[2].split()
     assert row[:4] == ["local", "14", "<=5", "70"], text
     assert "total: 70 calls\n" in text
+    # A problem stopping as early as it can sends 5 of its fewest calls (2 solutions at 640 tokens, 2 verifications
+    # at 400, 2 summaries at 220): 2 x 640 + 2 x 400 + 220 = 2,300 at most, 32k over 14 problems; the most, 5
+    # solutions at 640, 45k. Its 6 fewest calls said 35k.
+    assert row[4] == "<=32k-45k", text
     # Under a budget of 8 the range stays: 6 to 8 a problem.
     wider = Settings.model_validate({"budget": {"calls": 8}})
     row = format_estimate(Estimate([estimate_point("local", local, wider, 14, None)])).splitlines()[2].split()

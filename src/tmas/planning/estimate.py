@@ -255,7 +255,7 @@ def estimate_point(
         elif point.basis == "max_tokens":
             point.problem_cap, point.pooled = per_problem, budget.pool
         if count.fewest is not None or count.stoppable:
-            point.fewest_completion_tokens = problems * min(_fewest_completion(count, per_call), per_problem)
+            point.fewest_completion_tokens = problems * min(_fewest_completion(count, per_call, ceiling), per_problem)
     return point
 
 
@@ -325,13 +325,21 @@ def fewest_tokens(calls: int, answered: Mapping[str, int], per_call: Mapping[str
     return tokens
 
 
-def _fewest_completion(count: CallCount, per_call: Mapping[str, float]) -> float:
+def _fewest_completion(count: CallCount, per_call: Mapping[str, float], ceiling: bool) -> float:
     """Completion tokens when the problem stops as early as it can: its fewest calls, the ones online stopping may
-    cut at ``stoppable_tokens`` each."""
-    tokens = calls_tokens(count.fewest if count.fewest is not None else count.expected, per_call)
+    cut at ``stoppable_tokens`` each; under a call budget below them, no more than its number of their dearest
+    (``ceiling``: ``per_call`` is each role's max_tokens), else their share."""
+    fewest = count.fewest if count.fewest is not None else count.expected
+    tokens = calls_tokens(fewest, per_call)
     for role, n in (count.stoppable or {}).items():
         tokens -= n * max(0.0, per_call.get(role, 0.0) - count.stoppable_tokens)
-    return tokens
+    calls = sum(fewest.values())
+    if count.cap is None or calls <= count.cap:
+        return tokens
+    if not ceiling:
+        return tokens * count.cap / calls
+    dearest = sorted((per_call.get(role, 0.0) for role, n in fewest.items() for _ in range(n)), reverse=True)
+    return min(tokens, sum(dearest[: count.cap]))
 
 
 @dataclass
