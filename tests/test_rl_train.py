@@ -183,6 +183,45 @@ def test_one_grpo_step_changes_the_weights(judge_sim: SimServer, tmp_path: Path)
 
 
 @pytest.mark.slow
+def test_the_clipped_ratio_counts_the_rollouts_cut_at_the_length_limit_alone(tmp_path: Path) -> None:
+    """A rollout ends at any of the policy's end tokens, its generation config's too; TRL's clipped_ratio took every
+    rollout that did not end at the tokenizer's for cut. Here half the rollouts end at once at the other end token and
+    half never end (cut at 5 tokens): half are cut, and the finished ones are 1 token long (TRL logged 1.0 and 0)."""
+    datasets = pytest.importorskip("datasets")
+    pytest.importorskip("trl")
+    from tmas.rl.trl_train import TrainOptions, build_trainer, load_policy
+
+    dataset = datasets.Dataset.from_list([row("normal", "p1"), row("normal", "p2")])
+    model, tokenizer = load_policy("tiny", dataset)
+    other = tokenizer.convert_tokens_to_ids("391")
+    model.generation_config.eos_token_id = [tokenizer.eos_token_id, other]
+
+    def steer(module: Any, inputs: Any, logits: Any) -> Any:
+        # Even rows of the batch write the other end token first; odd rows never write an end token.
+        logits = logits.clone()
+        logits[0::2, ..., other] += 1e4
+        logits[1::2, ..., [tokenizer.eos_token_id, other]] -= 1e4
+        return logits
+
+    model.lm_head.register_forward_hook(steer)
+    options = TrainOptions(
+        output_dir=tmp_path / "out",
+        num_generations=2,
+        groups_per_step=2,
+        max_steps=1,
+        max_completion_length=5,
+        use_vllm=False,
+        save_steps=100,
+    )
+    trainer = build_trainer(model, tokenizer, dataset, options, HybridReward())
+    trainer.train()
+    history = trainer.state.log_history[0]
+    assert history["completions/clipped_ratio"] == 0.5
+    assert history["completions/mean_terminated_length"] == history["completions/max_terminated_length"] == 1.0
+    assert history["completions/mean_length"] == 3.0  # (1 + 5) / 2: the rollouts were as described
+
+
+@pytest.mark.slow
 def test_the_learning_rate_asked_for_is_the_rate_of_every_step(tmp_path: Path) -> None:
     """A.4 gives one learning rate: every optimizer step uses it, whatever --max-steps is (the Trainer's default
     schedule decayed it linearly to 0 at --max-steps: 1e-3 at step 1, 1e-3 * (190 - 3) / 190 at step 4)."""

@@ -162,6 +162,30 @@ class TMASGRPOTrainer(GRPOTrainer):
         self._metrics[mode]["rollout/generated_tokens_per_s"].append(tokens / seconds)
         return completion_ids, logprobs
 
+    def _generate(self, prompts: list[Any]) -> Any:
+        out = super()._generate(prompts)
+        self.log_cut_rollouts(out[1])  # its completion ids
+        return out
+
+    def log_cut_rollouts(self, completion_ids: Sequence[Sequence[int]]) -> None:
+        """TRL's ``completions/clipped_ratio`` and ``completions/*_terminated_length`` of the batch just generated,
+        counted again: a rollout was cut at the length limit where it ends at none of the policy's end tokens. TRL's
+        own count takes a rollout that does not end at the tokenizer's end token for cut, so every one that ended at
+        another of them (a generation config's ``<|endoftext|>``) counted as cut, and its length as no finished one."""
+        import torch
+
+        device = self.accelerator.device
+        ends = self.stops | {self._tokenizer.eos_token_id}
+        cut = torch.tensor([not ids or ids[-1] not in ends for ids in completion_ids], dtype=torch.bool, device=device)
+        cut = self.accelerator.gather(cut)
+        lengths = self.accelerator.gather(torch.tensor([len(ids) for ids in completion_ids], device=device)).float()
+        finished = lengths[~cut] if bool((~cut).any()) else torch.zeros(1, device=device)  # TRL's 0 where none
+        metrics = self._metrics["train" if self.training_mode() else "eval"]
+        metrics["completions/clipped_ratio"][-1] = cut.float().mean().item()
+        metrics["completions/mean_terminated_length"][-1] = finished.mean().item()
+        metrics["completions/min_terminated_length"][-1] = finished.min().item()
+        metrics["completions/max_terminated_length"][-1] = finished.max().item()
+
     def _generate_and_score_completions(self, inputs: list[dict[str, Any]]) -> dict[str, Any]:
         batch = super()._generate_and_score_completions(inputs)
         n = int(self.num_generations or 1)
