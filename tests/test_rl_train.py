@@ -539,6 +539,51 @@ def test_another_process_leaves_the_logs_to_the_main_one_when_training_starts(
         assert (out / "steps.jsonl").read_text() == left
 
 
+def test_another_process_writes_no_file_and_draws_no_bar(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every process runs training: the main one alone records the base model a LoRA run adapts (and saves the
+    built tiny one under OUT/base), saves the tokenizer beside the final weights and draws the progress bar, so that
+    processes started together neither race on a file nor draw one bar each. The trainer stands in (it saves its
+    weights by its own rule); the rank is what accelerate says."""
+    datasets = pytest.importorskip("datasets")
+    pytest.importorskip("trl")
+    from types import SimpleNamespace
+
+    import accelerate
+    from transformers import TrainerControl, TrainerState, TrainingArguments
+
+    from tmas.rl import trl_train
+    from tmas.rl.train_progress import TrainProgress
+
+    class Trainer:
+        def remove_callback(self, callback: Any) -> None: ...
+
+        def add_callback(self, callback: Any) -> None: ...
+
+        def train(self, resume_from_checkpoint: str | None = None) -> Any:
+            return SimpleNamespace(global_step=1)
+
+        def save_model(self, path: str) -> None: ...
+
+    monkeypatch.setattr(trl_train, "build_trainer", lambda *a: Trainer())
+    dataset = datasets.Dataset.from_list([row("normal", "p1")])
+    written = {}
+    for main in (False, True):
+        out = tmp_path / f"main-{main}"
+        options = trl_train.TrainOptions(output_dir=out, num_generations=2, use_vllm=False, lora_rank=2)
+        monkeypatch.setattr(accelerate, "PartialState", lambda main=main: SimpleNamespace(is_main_process=main))
+        trl_train.train_policy(dataset, options, "tiny", None, live=False)
+        written[main] = sorted(str(p.relative_to(out)) for p in out.rglob("*") if p.is_file())
+    assert written[False] == []
+    assert {"tmas_base.json", "base/config.json", "final/tokenizer.json", "final/tmas_base.json"} <= set(written[True])
+
+    args, control = TrainingArguments(output_dir=str(tmp_path), report_to=[]), TrainerControl()
+    for main in (False, True):
+        progress = TrainProgress(live=True)
+        progress.on_train_begin(args, TrainerState(max_steps=5, is_world_process_zero=main), control)
+        assert (progress._progress is not None) is main
+        progress.on_train_end(args, TrainerState(), control)
+
+
 def test_logs_cut_off_by_a_kill_resume_and_other_bad_lines_are_named(tmp_path: Path) -> None:
     """A run killed while it appended to its logs leaves a last line without its end: a resume (or a start over a
     run stopped before its first checkpoint) drops it, as a line past the checkpoint. A bad line anywhere else is

@@ -41,8 +41,8 @@ class TrainProgress(TrainerCallback):
 
     def on_train_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         self.first_step = int(state.global_step)
-        if not self.live:
-            return
+        if not self.live or not state.is_world_process_zero:
+            return  # under several processes the main one alone draws it (and alone gets the steps' lines)
         self._progress = Progress(
             TextColumn("step"),
             MofNCompleteColumn(),

@@ -437,12 +437,14 @@ def train_policy(
     out.mkdir(parents=True, exist_ok=True)
     from accelerate import PartialState
 
-    if PartialState().is_main_process:
+    # The main process alone writes files (the logs, the base model's record, the final tokenizer), as several would
+    # race on each, and alone draws the progress.
+    main = PartialState().is_main_process
+    if main:
         # Steps after the checkpoint are trained again; without one (a run stopped before its first), all of them.
-        # The main process alone writes the logs, and alone rewrites them here (several would race on the file).
         trim_logs(out, checkpoint_step(resume_from) if resume_from is not None else 0)
     policy, tokenizer = load_policy(model_spec, dataset, options.dtype)
-    if options.lora_rank:
+    if options.lora_rank and main:
         record_base(out, model_spec, policy, tokenizer)
     reward = reward_for(options, judge, out / REWARDS_FILE, tokenizer=tokenizer)
     trainer = build_trainer(policy, tokenizer, dataset, options, reward)
@@ -458,8 +460,9 @@ def train_policy(
     trainer.add_callback(StepLog(out, reward, on_row=progress.update, on_save=lambda p: plot_steps(p, out / PLOT_FILE)))
     result = trainer.train(resume_from_checkpoint=str(resume_from) if resume_from is not None else None)
     final = out / "final"
-    trainer.save_model(str(final))
-    tokenizer.save_pretrained(str(final))
-    if options.lora_rank:
-        (final / BASE_FILE).write_text((out / BASE_FILE).read_text(encoding="utf-8"), encoding="utf-8")
+    trainer.save_model(str(final))  # by the main process (the trainer's own rule)
+    if main:
+        tokenizer.save_pretrained(str(final))
+        if options.lora_rank:
+            (final / BASE_FILE).write_text((out / BASE_FILE).read_text(encoding="utf-8"), encoding="utf-8")
     return final, int(result.global_step)
