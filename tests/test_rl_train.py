@@ -268,6 +268,37 @@ def test_a_time_limit_ends_training_after_a_step_with_its_final_adapter(tmp_path
     assert sorted(p.name for p in out.glob("checkpoint-*")) == ["checkpoint-1"]
 
 
+def test_under_several_processes_the_main_ones_clock_ends_training_for_all(monkeypatch: pytest.MonkeyPatch) -> None:
+    """--max-time: each process measures its own time, and one that stopped alone while another trained on would
+    leave that one waiting for it at its next gather. The main process's decision is handed to all (no real second
+    process: the broadcast hands back the main one's)."""
+    pytest.importorskip("trl")
+    from types import SimpleNamespace
+
+    import accelerate.utils
+    from transformers import TrainerControl
+
+    from tmas.rl.trl_train import TimeLimit
+
+    main_says: list[bool] = []
+
+    def broadcast(values: list[Any], from_process: int) -> None:
+        assert from_process == 0
+        values[:] = main_says
+
+    monkeypatch.setattr(accelerate.utils, "broadcast_object_list", broadcast)
+    for own_clock_passed, main_passed in ((True, False), (False, True), (True, True), (False, False)):
+        main_says[:] = [main_passed]
+        control = TrainerControl()
+        TimeLimit(1e-9 if own_clock_passed else 1e9).on_step_end(SimpleNamespace(world_size=2), None, control)
+        assert (control.should_training_stop, control.should_save) == (main_passed, main_passed)
+    # One process: its own clock, nothing broadcast.
+    main_says[:] = [False]
+    control = TrainerControl()
+    TimeLimit(1e-9).on_step_end(SimpleNamespace(world_size=1), None, control)
+    assert control.should_training_stop and control.should_save
+
+
 def test_rows_the_rewards_cannot_read_are_refused_before_training(tmp_path: Path) -> None:
     pytest.importorskip("datasets")
     pytest.importorskip("trl")

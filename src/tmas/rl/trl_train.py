@@ -238,7 +238,8 @@ def cut_at_stops(completion_ids: Any, logprobs: Any, stops: Collection[int]) -> 
 class TimeLimit(TrainerCallback):
     """Ends training after the step that passes ``seconds`` (from the first step of this process), with a
     checkpoint of that step, so that a bounded run still writes its final adapter and ``--resume`` continues from
-    exactly where it stopped."""
+    exactly where it stopped. Under several processes the main one's clock decides for all: one that stopped alone
+    would leave the others waiting for it in their next step's gather."""
 
     def __init__(self, seconds: float) -> None:
         self.seconds = seconds
@@ -248,7 +249,12 @@ class TimeLimit(TrainerCallback):
         self.started = time.monotonic()
 
     def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
-        if time.monotonic() - self.started >= self.seconds:
+        stop = [time.monotonic() - self.started >= self.seconds]
+        if args.world_size > 1:
+            from accelerate.utils import broadcast_object_list
+
+            broadcast_object_list(stop, from_process=0)
+        if stop[0]:
             control.should_training_stop = True
             control.should_save = True
 
