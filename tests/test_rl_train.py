@@ -221,6 +221,81 @@ def test_the_clipped_ratio_counts_the_rollouts_cut_at_the_length_limit_alone(tmp
     assert history["completions/mean_length"] == 3.0  # (1 + 5) / 2: the rollouts were as described
 
 
+def test_every_training_option_reaches_what_trl_trains_with(tmp_path: Path) -> None:
+    """Each option of ``tmas rl train``, set off its default, is what the trainer TRL builds holds: its config, the
+    generation config its rollouts are sampled with, its policy (LoRA, weights' dtype) and its reward (eq. 8's beta).
+    A new option that reaches none of them fails here."""
+    datasets = pytest.importorskip("datasets")
+    pytest.importorskip("peft")
+    from tmas.rl.trl_train import TrainOptions, build_trainer, load_policy, reward_for
+
+    options = TrainOptions(
+        output_dir=tmp_path / "out",
+        num_generations=4,
+        learning_rate=3e-5,
+        epsilon=0.1,
+        epsilon_high=0.3,
+        clip_coefficient=5.0,
+        kl_beta=0.01,
+        experience_beta=0.4,
+        temperature=0.8,
+        top_p=0.9,
+        max_completion_length=64,
+        mask_truncated=True,
+        max_steps=7,
+        groups_per_step=2,
+        generate_groups=3,
+        gradient_accumulation_steps=2,
+        use_vllm=False,
+        continuous_batching=True,
+        dtype="bfloat16",
+        save_steps=3,
+        max_time_s=60.0,
+        seed=11,
+        lora_rank=4,
+        lora_alpha=16,
+    )
+    defaults = TrainOptions(output_dir=tmp_path)
+    assert [f for f in TrainOptions.model_fields if getattr(options, f) == getattr(defaults, f)] == []
+    dataset = datasets.Dataset.from_list([row("normal", f"p{i}") for i in range(3)])
+    model, tokenizer = load_policy("tiny", dataset, options.dtype)
+    trainer = build_trainer(model, tokenizer, dataset, options, reward_for(options, None, tokenizer=tokenizer))
+    args, generation = trainer.args, trainer.generation_config
+    frozen = next(p for name, p in trainer.model.named_parameters() if "lora" not in name)
+    received = {
+        "output_dir": Path(args.output_dir),
+        "num_generations": trainer.num_generations,
+        "learning_rate": args.learning_rate,
+        "epsilon": trainer.epsilon_low,
+        "epsilon_high": trainer.epsilon_high,
+        "clip_coefficient": args.delta,  # TRL's two-sided bound on the ratio (A.4's clipping coefficient)
+        "kl_beta": trainer.beta,
+        "experience_beta": trainer.hybrid_reward.beta,
+        "temperature": generation.temperature,
+        "top_p": generation.top_p,
+        "max_completion_length": generation.max_new_tokens,
+        "mask_truncated": trainer.mask_truncated_completions,
+        "max_steps": args.max_steps,
+        "groups_per_step": trainer.train_groups,
+        "generate_groups": args.generation_batch_size // options.num_generations,
+        "gradient_accumulation_steps": args.gradient_accumulation_steps,
+        "use_vllm": trainer.use_vllm,
+        "continuous_batching": trainer.use_transformers_continuous_batching,
+        "dtype": str(frozen.dtype).removeprefix("torch."),
+        "save_steps": args.save_steps,
+        "seed": args.seed,
+        "lora_rank": trainer.model.peft_config["default"].r,
+        "lora_alpha": trainer.model.peft_config["default"].lora_alpha,
+    }
+    assert received == {f: getattr(options, f) for f in received}
+    # The one option TRL never sees: train_policy's time limit (test_a_time_limit_ends_training_after_a_step...).
+    assert set(TrainOptions.model_fields) - set(received) == {"max_time_s"}
+    # The sampling TRL adds nothing to: the log-probabilities at the rollouts' temperature, no top-k cut and no
+    # repetition penalty, and the rollouts end at the policy's end tokens.
+    assert trainer.temperature == 0.8 and not generation.top_k and generation.repetition_penalty == 1.0
+    assert generation.eos_token_id == [tokenizer.eos_token_id]
+
+
 @pytest.mark.slow
 def test_the_learning_rate_asked_for_is_the_rate_of_every_step(tmp_path: Path) -> None:
     """A.4 gives one learning rate: every optimizer step uses it, whatever --max-steps is (the Trainer's default
