@@ -244,6 +244,31 @@ def test_data_with_fewer_groups_than_a_step_generates_is_refused(tmp_path: Path)
         build_trainer(model, tokenizer, dataset, options, HybridReward())
 
 
+def test_data_with_fewer_groups_than_a_step_generates_over_every_process_is_refused(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Each process generates --groups-per-step groups of its own, so a step draws that many times the processes:
+    data with fewer never fills a step's batch, so no step could train. (No real second process: the count is what
+    accelerate says.)"""
+    datasets = pytest.importorskip("datasets")
+    pytest.importorskip("trl")
+    from types import SimpleNamespace
+
+    import accelerate
+
+    from test_rl_train import row
+    from tmas.rl.trl_train import check_groups
+
+    dataset = datasets.Dataset.from_list([row("normal", f"p{i}") for i in range(3)])
+    options = TrainOptions(output_dir=tmp_path, num_generations=2, groups_per_step=2)
+    check_groups(dataset, options)  # one process: 2 groups a step, of 3
+    monkeypatch.setattr(accelerate, "PartialState", lambda: SimpleNamespace(num_processes=2))
+    with pytest.raises(
+        ConfigError, match="has 3 prompt groups, fewer than the 4 a step generates over its 2 processes"
+    ):
+        check_groups(dataset, options)
+
+
 def test_an_odd_num_generations_with_experience_groups_is_refused_before_the_model_loads(tmp_path: Path) -> None:
     datasets = pytest.importorskip("datasets")
     pytest.importorskip("trl")

@@ -635,10 +635,12 @@ def test_another_process_leaves_the_logs_to_the_main_one_when_training_starts(
     out.mkdir()
     logged = '{"step": 1}\n{"step": 2}\n'
     (out / "steps.jsonl").write_text(logged)
-    dataset = datasets.Dataset.from_list([row("normal", "p1")])
+    dataset = datasets.Dataset.from_list([row("normal", "p1"), row("normal", "p2")])  # a group per process
     options = TrainOptions(output_dir=out, num_generations=2, use_vllm=False)
     for main, left in ((False, logged), (True, "")):
-        monkeypatch.setattr(accelerate, "PartialState", lambda main=main: SimpleNamespace(is_main_process=main))
+        monkeypatch.setattr(
+            accelerate, "PartialState", lambda main=main: SimpleNamespace(is_main_process=main, num_processes=2)
+        )
         # A model that cannot load: the logs were dealt with before it.
         with pytest.raises(LocalModelError, match="no-such-model"):
             train_policy(dataset, options, str(tmp_path / "no-such-model"), None)
@@ -671,12 +673,14 @@ def test_another_process_writes_no_file_and_draws_no_bar(tmp_path: Path, monkeyp
         def save_model(self, path: str) -> None: ...
 
     monkeypatch.setattr(trl_train, "build_trainer", lambda *a: Trainer())
-    dataset = datasets.Dataset.from_list([row("normal", "p1")])
+    dataset = datasets.Dataset.from_list([row("normal", "p1"), row("normal", "p2")])  # a group per process
     written = {}
     for main in (False, True):
         out = tmp_path / f"main-{main}"
         options = trl_train.TrainOptions(output_dir=out, num_generations=2, use_vllm=False, lora_rank=2)
-        monkeypatch.setattr(accelerate, "PartialState", lambda main=main: SimpleNamespace(is_main_process=main))
+        monkeypatch.setattr(
+            accelerate, "PartialState", lambda main=main: SimpleNamespace(is_main_process=main, num_processes=2)
+        )
         trl_train.train_policy(dataset, options, "tiny", None, live=False)
         written[main] = sorted(str(p.relative_to(out)) for p in out.rglob("*") if p.is_file())
     assert written[False] == []

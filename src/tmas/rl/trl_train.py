@@ -295,14 +295,19 @@ def lora_config(options: TrainOptions) -> Any:
 
 def check_groups(dataset: Any, options: TrainOptions) -> None:
     """The data's prompt groups fill the batches the options ask for, checked before any model loads: enough groups
-    for one step's generation batch, and an even ``num_generations`` where an experience group's Base and Bank rows
-    each take half of its rollouts (eq. 7)."""
+    for one step's generation batch (each process generates its own share), and an even ``num_generations`` where
+    an experience group's Base and Bank rows each take half of its rollouts (eq. 7)."""
+    from accelerate import PartialState
+
     groups = prompt_groups(dataset["extra_info"])
-    if len(groups) < options.generated_groups:
-        # The sampler yields whole generation batches only: none would ever be filled.
+    processes = PartialState().num_processes
+    wanted = options.generated_groups * processes
+    if len(groups) < wanted:
+        # The sampler yields whole generation batches only: none would ever be filled, so no step could train.
+        over = f" over its {processes} processes" if processes > 1 else ""
         raise ConfigError(
-            f"the data has {len(groups)} prompt groups, fewer than the {options.generated_groups} a step generates"
-            " (--generate-groups, else --groups-per-step)"
+            f"the data has {len(groups)} prompt groups, fewer than the {wanted} a step generates{over}"
+            " (--generate-groups, else --groups-per-step, per process)"
         )
     if options.num_generations % 2 and any(len(g) == 2 for g in groups):
         raise ConfigError(
