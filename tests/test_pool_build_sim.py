@@ -10,7 +10,9 @@ from pathlib import Path
 from conftest import settings_for
 from mattrl_runs import hand_worked_transcript, write_run
 from test_pool_build import scripted_rules
+from tmas.agents.overrides import packaged_source
 from tmas.memory.pool import Pool
+from tmas.planning.pool_build import estimate_build
 from tmas.pool.build import CREDITS_FILE, BuildConfig, build_dir_for, build_pool
 from tmas.pool.outcomes import load_transcripts
 from tmas.problems import Problem
@@ -154,3 +156,32 @@ async def test_a_retry_after_an_unreadable_reply_goes_out_under_another_seed_and
     assert [(s.defaulted_scores, s.added) for s in summaries] == [(0, 2), (0, 0)]
     assert summaries[1].summarizer_replayed_calls == 3 and summaries[1].judge_replayed_calls == 13
     assert not [n for n in summaries[1].notes if "no usable summary" in n or "unusable" in n]
+
+
+async def test_the_judge_and_summarizer_prompts_come_from_the_users_templates(tmp_path: Path) -> None:
+    run = write_run(tmp_path / "run", [(Problem(problem_id="p1", question="What is 6*7?", answer="42"), TURNS, "42")])
+    pool_path = tmp_path / "pool"
+    mine = tmp_path / "mine"
+    mine.mkdir()
+    names = ("mattrl_utterance_judge.j2", "mattrl_turn_value.j2", "mattrl_summarizer.j2")
+    for name in names:
+        (mine / name).write_text(packaged_source(name) + f"\nFROM-MY-TEMPLATE {name}\n", encoding="utf-8")
+    config = BuildConfig(scheme="difference", grade_mode="rules")
+    with SimServer(SimScript(rules=scripted_rules())) as sim:
+        settings = settings_for(sim, prompts_dir=str(mine))
+        summary = await build_pool([run], pool_path, settings, config)
+        prompts = [r.body["messages"][-1]["content"] for r in sim.requests if r.endpoint == "chat"]
+        stored = estimate_build([run], pool_path, settings, config).stored_calls
+        # An edited template asks other calls: the build's store no longer counts as answering them.
+        (mine / names[2]).write_text(packaged_source(names[2]) + "\nEDITED\n", encoding="utf-8")
+        edited = estimate_build([run], pool_path, settings, config).stored_calls
+    # Before, the folder was read by nothing: every prompt was the packaged template's. Now each of the 5 turn
+    # scores, 7 coalition values (Eq. 17) and 2 summaries ends with its own template's last line.
+    ends = [p.splitlines()[-1] for p in prompts]
+    assert {end: ends.count(end) for end in ends} == {
+        f"FROM-MY-TEMPLATE {names[0]}": 5,
+        f"FROM-MY-TEMPLATE {names[1]}": 7,
+        f"FROM-MY-TEMPLATE {names[2]}": 2,
+    }
+    assert (summary.judge_calls, summary.summarizer_calls, summary.added) == (12, 2, 2)
+    assert (stored, edited) == (14, 0)

@@ -153,12 +153,14 @@ def build(
     embedder: Annotated[str | None, typer.Option("--embedder", help="endpoint (default) or local.")] = None,
 ) -> None:
     """Score, credit and distil the runs' transcripts into pool entries (calls stored in OUT.build/: run it again
-    to resume). The endpoint serves the judge, summarizer and embedder; --seed also seeds the Shapley orders (0).
+    to resume). The endpoint serves the judge, summarizer and embedder; --seed also seeds the Shapley orders (0);
+    --prompts-dir replaces the turn judge's and the summarizer's templates (the runs' grading keeps the packaged ones).
     Before any call it prints what it will send, and above --confirm-calls (20,000) asks (without a terminal, refuses
     unless --yes); --dry-run prints the whole estimate and stops."""
     from tmas.cli.estimate import gate as cost_gate
     from tmas.planning.pool_build import estimate_build
     from tmas.pool.build import BuildConfig, build_pool
+    from tmas.runner import check_before_estimate
 
     options = {
         "scheme": scheme,
@@ -177,6 +179,7 @@ def build(
     }
     build_config = _checked(BuildConfig, "build", options)
     settings = flags.settings()
+    check_before_estimate(settings)  # as a run's: a wrong model name or --prompts-dir before the estimate
     cost_gate(estimate_build(runs, out, settings, build_config), gate)
     with _StageProgress() as progress:
         summary = interrupt.run(build_pool(runs, out, settings, build_config, progress=progress.update))

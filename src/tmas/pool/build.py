@@ -26,6 +26,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from tmas.agents.echo import EchoGuard
 from tmas.agents.output import AgentOutputError
+from tmas.agents.overrides import check_overrides
 from tmas.agents.pool_summarizer import (
     DistilledEntry,
     SummarizerReply,
@@ -36,6 +37,7 @@ from tmas.agents.pool_summarizer import (
     summarizer_prompt,
     teaching_summarizer_prompt,
 )
+from tmas.agents.templates import prompts_from
 from tmas.agents.utterance_judge import TeachingView, TurnView
 from tmas.config import Settings
 from tmas.errors import ConfigError, InputError
@@ -178,9 +180,12 @@ class BuildSummary:
 
 
 def build_requests(settings: Settings) -> dict[str, object]:
-    """What the build's calls ask beyond their prompts: each role's model and resolved sampling, the seed and the
-    prompt templates' folder. A stored call answers a resume only under the same."""
+    """What the build's calls ask beyond their prompts: each role's model and resolved sampling, the seed, the
+    prompt templates' folder and the SHA-256 of each template there (an edited one asks other calls). A stored call
+    answers a resume only under the same."""
     asked: dict[str, object] = {"seed": settings.seed, "prompts_dir": settings.prompts_dir}
+    if settings.prompts_dir:
+        asked.update({f"prompt template {o.name}": o.sha256[:12] for o in check_overrides(settings.prompts_dir)})
     for role in (JUDGE_ROLE, SUMMARIZER_ROLE):
         override = settings.roles.get(role)
         asked[f"{role} model"] = (override.model if override else None) or settings.endpoint.model
@@ -418,12 +423,15 @@ async def build_pool(
 ) -> BuildSummary:
     """Build (or extend) the pool at ``pool_path`` from the labelled MATTRL runs in ``run_dirs``. Every judge (the
     runs' grading, the turn credits, the summaries) asks the endpoint of ``settings``, or ``model``, a
-    :class:`tmas.llm.model.ChatModel` of the caller's own, its calls kept in the build's store either way."""
+    :class:`tmas.llm.model.ChatModel` of the caller's own, its calls kept in the build's store either way. The turn
+    judge's and the summarizer's prompts are rendered with the templates of ``settings.prompts_dir`` where it
+    overrides them; the runs' grading uses the packaged judge templates, as every grading of a run does (its
+    verdicts are stored in the run and read by its reports)."""
     summary = BuildSummary(pool=pool_path)
     step: ProgressFn = progress or (lambda stage, done, total: None)
-    check_pool_target(
-        pool_path, config, run_dirs
-    )  # before any call: a bad target found after them lost their work's place
+    # Before any call: a bad target or template found after them lost their work's place.
+    check_pool_target(pool_path, config, run_dirs)
+    requests = build_requests(settings)  # checks the prompts folder's templates
     cases = await load_transcripts(
         run_dirs, settings, grade_mode=config.grade_mode, notes=summary.notes, match=config.match, model=model
     )
@@ -431,9 +439,13 @@ async def build_pool(
     summary.cases = len(cases)
     # One writer of a pool at a time (a build or a prune): two would each save the pool as they read it, the later
     # losing the earlier's entries; two builds would also write each other's credits and store metadata over.
-    with writing(pool_path, "tmas pool build") as build_dir, RunStore(build_dir) as store:
+    with (
+        writing(pool_path, "tmas pool build") as build_dir,
+        RunStore(build_dir) as store,
+        prompts_from(settings.prompts_dir),
+    ):
         store.set_meta(CONFIG_META, config.model_dump(mode="json"))
-        store.set_meta(REQUESTS_META, build_requests(settings))
+        store.set_meta(REQUESTS_META, requests)
         store.set_meta(RUNS_META, build_runs(run_dirs))
         async with open_model(settings, store, log_dir=build_dir, model=model) as llm:
             embed = embedder_for(config.embedder, llm)
