@@ -10,6 +10,8 @@ import pytest
 from mattrl_runs import hand_worked_transcript, write_run
 from test_cli import tmas
 from test_pool_build import scripted_rules
+from tmas.memory.embedders import LOCAL_NAME
+from tmas.memory.pool import Pool
 from tmas.problems import Problem
 from tmas.testing import SimScript, SimServer
 
@@ -162,3 +164,78 @@ def test_build_shows_its_estimate_and_refuses_over_the_threshold_before_any_call
         other = tmas(*base[:5], *base[7:], "--confirm-calls", "20")
         assert other.returncode == 2 and "the estimate is 30 calls (threshold 20)" in other.stderr.decode()
         assert [r for r in sim.requests if r.endpoint == "chat"] == []
+
+
+@pytest.mark.slow
+def test_prompts_dir_is_checked_before_a_build_and_refused_where_only_grading_is_sent(tmp_path: Path) -> None:
+    problem = Problem(problem_id="p1", question="What is 6*7?", answer="42")
+    run = write_run(tmp_path / "run", [(problem, hand_worked_transcript(), "42")])
+    pool = tmp_path / "pool"
+    mine = tmp_path / "mine"
+    mine.mkdir()
+    typo = mine / "mattrl_summarizer.j2"
+    typo.write_text("{{ questoin }}\n", encoding="utf-8")
+    with SimServer(SimScript(rules=scripted_rules())) as sim:
+        args = ["--base-url", sim.base_url, "--model", "sim-model", "--prompts-dir", str(mine)]
+        built = tmas("experience", "build", str(run), "-o", str(pool), "--grade", "rules", "--yes", *args)
+        pruned = tmas("experience", "prune", str(pool), "--runs", str(run), *args)
+        routed = tmas(
+            "experience",
+            "router",
+            "train",
+            "--single",
+            str(run),
+            "--mattrl",
+            str(run),
+            "-o",
+            str(tmp_path / "r.json"),
+            *args,
+        )
+        assert sim.requests == []
+    [line] = built.stderr.decode().strip().splitlines()
+    assert built.returncode == 2 and line.startswith(f"tmas: error: {typo}: unknown variable 'questoin'"), line
+    assert not pool.exists()
+    for refused, command in ((pruned, "prune"), (routed, "router train")):
+        assert refused.returncode == 2
+        assert refused.stderr.decode().strip().splitlines() == [
+            f"tmas: error: --prompts-dir: tmas pool {command} sends only the runs' grading, whose judge prompts are"
+            " the packaged ones (as tmas report's); leave it out"
+        ]
+
+
+@pytest.mark.slow
+def test_flags_a_pool_command_reads_nothing_of_are_refused_before_any_call(tmp_path: Path) -> None:
+    problem = Problem(problem_id="p1", question="What is 6*7?", answer="42")
+    run = write_run(tmp_path / "run", [(problem, hand_worked_transcript(), "42")])
+    local, endpoint = tmp_path / "local", tmp_path / "endpoint"
+    Pool.create(local, LOCAL_NAME)
+    Pool.create(endpoint, "endpoint:sim-model")
+    bound = "a budget and problems in flight bound a run's problems"
+    with SimServer(SimScript(rules=scripted_rules())) as sim:
+        args = ["--base-url", sim.base_url, "--model", "sim-model"]
+        # Before, each was accepted and read by nothing: a build capped by --budget-calls sent every call it needed.
+        said = [
+            (
+                tmas("experience", "build", str(run), "-o", str(tmp_path / "pool"), "--budget-calls", "3", *args),
+                f"--budget-calls: {bound}, and tmas pool build solves none (--confirm-calls bounds its calls);"
+                " leave it out",
+            ),
+            (
+                tmas("experience", "prune", str(local), "--runs", str(run), "--problems-in-flight", "2", *args),
+                f"--problems-in-flight: {bound}, and tmas pool prune solves none; leave it out",
+            ),
+            (
+                tmas("experience", "search", str(local), "a question", *args),
+                f"--base-url, --model: the command asks no model for a pool of the {LOCAL_NAME} embedder, which runs"
+                " in process; leave them out",
+            ),
+            (
+                tmas("experience", "search", str(endpoint), "a question", "--temperature", "0", "--seed", "1", *args),
+                "--temperature, --seed: tmas pool search sends only embedding requests, which take none; leave them"
+                " out",
+            ),
+        ]
+        assert sim.requests == []
+    for out, line in said:
+        assert out.returncode == 2 and out.stderr.decode().strip().splitlines() == [f"tmas: error: {line}"]
+    assert not (tmp_path / "pool").exists()

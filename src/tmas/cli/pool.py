@@ -68,6 +68,10 @@ def search(
     from tmas.memory.pool_entry import PoolEntry
 
     opened = Pool.open(pool)
+    if opened.meta.embedder == LOCAL_NAME:
+        flags.unused(f"for a pool of the {LOCAL_NAME} embedder, which runs in process")
+    else:
+        _unread(flags, _CHAT_FLAGS + _RUN_FLAGS, "tmas pool search sends only embedding requests, which take none")
 
     async def go() -> list[tuple[PoolEntry, float]]:
         if opened.meta.embedder == LOCAL_NAME:
@@ -119,6 +123,41 @@ def _checked(model: type[Model], command: str, values: dict[str, Any]) -> Model:
             raise ConfigError(f"pool {command}: {msg}") from None
         flag = _FLAGS.get(field, "--" + field.replace("_", "-"))
         raise ConfigError(f"{flag} {given[field]}: {msg}") from None
+
+
+# The flags of the model group that bound a run's problems (its budget, how many at once): no pool command solves a
+# problem, so they would be read by nothing (a build's calls are bounded by the cost gate's --confirm-calls).
+_RUN_FLAGS = ("problems_in_flight", "budget_tokens", "budget_calls", "budget_count", "budget_pool")
+_BOUND = "a budget and problems in flight bound a run's problems"
+# What a chat call takes beyond its endpoint and model: an embedding request takes none of it.
+_CHAT_FLAGS = (
+    "prompts_dir",
+    "temperature",
+    "top_p",
+    "top_k",
+    "min_p",
+    "repetition_penalty",
+    "presence_penalty",
+    "max_tokens",
+    "seed",
+)
+
+
+def _unread(flags: ModelFlags, names: tuple[str, ...], why: str) -> None:
+    """Refuse the flags of ``names`` given, which the command reads nothing of (``why``, in words)."""
+    given = flags.given(*names)
+    typed = [f"--{name.replace('_', '-')}" for name in names if name in given]
+    if typed:
+        raise InputError(f"{', '.join(typed)}: {why}; leave {'it' if len(typed) == 1 else 'them'} out")
+
+
+def _grading_only(flags: ModelFlags, command: str) -> None:
+    """Refuse what a command whose only calls grade the runs reads nothing of: ``--prompts-dir`` (a grading renders
+    the packaged judge templates: its verdicts are stored in the run and read by its reports) and the flags that
+    bound a run's problems."""
+    graded = "whose judge prompts are the packaged ones (as tmas report's)"
+    _unread(flags, ("prompts_dir",), f"tmas pool {command} sends only the runs' grading, {graded}")
+    _unread(flags, _RUN_FLAGS, f"{_BOUND}, and tmas pool {command} solves none")
 
 
 @pool_app.command("build")
@@ -178,6 +217,7 @@ def build(
         "seed": flags.seed,
     }
     build_config = _checked(BuildConfig, "build", options)
+    _unread(flags, _RUN_FLAGS, f"{_BOUND}, and tmas pool build solves none (--confirm-calls bounds its calls)")
     settings = flags.settings()
     check_before_estimate(settings)  # as a run's: a wrong model name or --prompts-dir before the estimate
     cost_gate(estimate_build(runs, out, settings, build_config), gate)
@@ -232,6 +272,7 @@ def prune(
     prune_config = _checked(PruneConfig, "prune", options)
     if not runs:
         flags.unused("without --runs (only the runs' answers are graded)")
+    _grading_only(flags, "prune")
     settings = flags.settings() if runs else None
     summary = interrupt.run(prune_pool(pool, runs or [], settings, prune_config))
     typer.echo(json.dumps(summary.to_dict(), indent=2))
@@ -255,6 +296,7 @@ def router_train(
     from tmas.pool.router import RouterTraining, paired_cases, save_router, train_router
 
     checked = _checked(RouterTraining, "router train", {"grade_mode": grade})
+    _grading_only(flags, "router train")
     cases = interrupt.run(paired_cases(single, mattrl, flags.settings(), checked.grade_mode))
     router = train_router(cases, seed=flags.seed or 0)
     save_router(router, out)
