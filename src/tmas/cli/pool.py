@@ -12,7 +12,7 @@ from pydantic import BaseModel
 
 from tmas.cli import interrupt
 from tmas.cli.estimate import GateFlags, gate_options
-from tmas.cli.options import ModelFlags, model_options
+from tmas.cli.options import ModelFlags, PromptsDirOpt, model_options
 from tmas.errors import InputError
 
 Model = TypeVar("Model", bound=BaseModel)
@@ -370,12 +370,20 @@ def fewshot(
     out: Annotated[Path, typer.Option("--out", "-o", help="JSONL file to write.")],
     k: Annotated[int, typer.Option("-k", min=1, help="Exemplars per problem (paper, Table 6: 3).")] = 3,
     seed: Annotated[int, typer.Option("--seed", help="Seed of the draw.")] = 0,
+    prompts_dir: PromptsDirOpt = None,
 ) -> None:
-    """The few-shot control of Table 6: each problem with K random solved exemplars prepended."""
+    """The few-shot control of Table 6: each problem with K random solved exemplars prepended (fewshot_question.j2,
+    which --prompts-dir, prompts_dir or TMAS_PROMPTS_DIR may replace)."""
+    from tmas.agents.overrides import check_overrides
+    from tmas.agents.templates import prompts_from
     from tmas.data.generators import write_jsonl
     from tmas.pool.fewshot import with_exemplars
     from tmas.problems import load_problems
 
-    shots = with_exemplars(load_problems(problems), load_problems(exemplars), k, seed)
+    folder = ModelFlags(prompts_dir=prompts_dir).settings().prompts_dir
+    if folder:
+        check_overrides(folder)
+    with prompts_from(folder):
+        shots = with_exemplars(load_problems(problems), load_problems(exemplars), k, seed)
     count = write_jsonl((p.model_dump(mode="json", exclude_none=True) for p in shots), out)
     typer.echo(f"wrote {count} problems with {k} exemplars each to {out}")
