@@ -25,6 +25,7 @@ from tmas.llm.types import Completion, Message
 from tmas.memory.embedders import EndpointEmbedder
 from tmas.memory.pool import Pool, PoolError
 from tmas.memory.transcript import Utterance
+from tmas.planning.pool_build import estimate_build
 from tmas.pool.build import CREDITS_FILE, BuildConfig, BuildSummary, build_dir_for, build_pool
 from tmas.pool.lifecycle import PruneConfig, prune_pool
 from tmas.pool.scoring import NO_OP
@@ -201,6 +202,27 @@ async def test_wrong_team_and_unlabelled_problems(tmp_path: Path) -> None:
     c = credits(tmp_path / "pool")
     # G = 0: r = lambda s only.
     assert c[(1, "S1")]["G"] == 0.0 and c[(1, "S1")]["r"] == pytest.approx(0.4)
+
+
+async def test_runs_with_no_labelled_mattrl_problem_are_refused_before_any_call_and_make_no_pool(
+    tmp_path: Path,
+) -> None:
+    problem = Problem(problem_id="p1", question="What is 6*7?", answer="42")
+    single = write_run(tmp_path / "cot", [(problem, None, "42")], method="cot")
+    unlabelled = write_run(
+        tmp_path / "mattrl", [(Problem(problem_id="p2", question="What is 6*7?"), hand_worked_transcript("p2"), "42")]
+    )
+    model = scripted(scripted_rules())
+    said = "no finished MATTRL problem with a gold answer; a pool is built from MATTRL runs on labelled problems"
+    # Before, each build saved an empty pool (version 0) and a MATTRL run on it retrieved no hint.
+    for runs in ([single], [single, unlabelled]):
+        with pytest.raises(InputError) as err:
+            estimate_build(runs, tmp_path / "pool", model.settings, BuildConfig(grade_mode="rules"))
+        assert str(err.value) == f"{', '.join(map(str, runs))}: {said}"
+        with pytest.raises(InputError) as err:
+            await build(runs, tmp_path / "pool", BuildConfig(grade_mode="rules"), model)
+        assert str(err.value) == f"{', '.join(map(str, runs))}: {said}"
+    assert model.calls == [] and not (tmp_path / "pool").exists()
 
 
 @pytest.mark.slow

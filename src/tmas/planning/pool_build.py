@@ -29,6 +29,7 @@ from tmas.pool.build import (
     build_dir_for,
     build_requests,
     build_runs,
+    check_cases,
     check_pool_target,
     turn_coalitions,
 )
@@ -46,6 +47,7 @@ def estimate_build(run_dirs: list[Path], pool_path: Path, settings: Settings, co
     ``pool_path`` from ``run_dirs`` under ``config``; on a resume, less the answered calls its store replays."""
     check_pool_target(pool_path, config, run_dirs)
     cases = ungraded_transcripts(run_dirs)
+    check_cases(run_dirs, cases)
     tries = config.retries + 1
     judge, turns = 0, 0
     groups: dict[tuple[str, str] | None, int] = {}

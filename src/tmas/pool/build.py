@@ -435,6 +435,7 @@ async def build_pool(
     cases = await load_transcripts(
         run_dirs, settings, grade_mode=config.grade_mode, notes=summary.notes, match=config.match, model=model
     )
+    check_cases(run_dirs, cases)
     case_turns: CaseTurns = {(c.run, c.problem.problem_id): (c, c.turns()) for c in cases}
     summary.cases = len(cases)
     # One writer of a pool at a time (a build or a prune): two would each save the pool as they read it, the later
@@ -481,6 +482,17 @@ def check_pool_target(pool_path: Path, config: BuildConfig, run_dirs: Sequence[P
         made_by = pool.meta.embedder.split(":", 1)[0]
         if made_by != config.embedder:
             raise ConfigError(f"{pool_path}: built with the {pool.meta.embedder} embedder, not {config.embedder!r}")
+
+
+def check_cases(run_dirs: Sequence[Path], cases: Sequence[LabelledTranscript]) -> None:
+    """Refuse runs that hold no case to build from (a run of another method, or on unlabelled problems): the build
+    would save an empty pool, which a MATTRL run retrieves no hint from."""
+    if not cases:
+        runs = ", ".join(str(run) for run in run_dirs)
+        raise InputError(
+            f"{runs}: no finished MATTRL problem with a gold answer; a pool is built from MATTRL runs on labelled"
+            " problems"
+        )
 
 
 async def _credit_turns(
