@@ -6,10 +6,12 @@ import json
 from pathlib import Path
 
 import pytest
+from typer.testing import CliRunner
 
 from mattrl_runs import hand_worked_transcript, write_run
 from test_cli import tmas
 from test_pool_build import scripted_rules
+from tmas.cli.main import app
 from tmas.memory.embedders import LOCAL_NAME
 from tmas.memory.pool import Pool
 from tmas.problems import Problem
@@ -239,3 +241,32 @@ def test_flags_a_pool_command_reads_nothing_of_are_refused_before_any_call(tmp_p
     for out, line in said:
         assert out.returncode == 2 and out.stderr.decode().strip().splitlines() == [f"tmas: error: {line}"]
     assert not (tmp_path / "pool").exists()
+
+
+@pytest.mark.parametrize(
+    ("given", "said"),
+    [
+        (
+            ["--tau", "0.5", "--quantile", "0.1"],
+            "--quantile 0.1: with --tau the turns kept are those with reward >= tau (Eq. 13), not a top share",
+        ),
+        (["--permutations", "16"], "--permutations 16: only the shapley scheme draws orders (--scheme naive)"),
+        (
+            ["--scheme", "difference", "--permutations", "16"],
+            "--permutations 16: only the shapley scheme draws orders (--scheme difference)",
+        ),
+        (
+            ["--beta", "1"],
+            "--beta 1.0: Eq. 16 normalises the difference and shapley schemes' credit scores; the naive scheme's"
+            " shares are Eq. 11's",
+        ),
+    ],
+)
+def test_a_build_option_the_scheme_or_selection_reads_nothing_of_is_refused(
+    tmp_path: Path, given: list[str], said: str
+) -> None:
+    # Before, each was accepted and changed nothing: a naive build under --beta 1 was the build under the default.
+    pool = tmp_path / "pool"
+    out = CliRunner().invoke(app, ["pool", "build", str(tmp_path / "run"), "-o", str(pool), *given])
+    assert out.exit_code != 0 and str(out.exception) == f"{said}; leave it out"
+    assert not pool.exists()

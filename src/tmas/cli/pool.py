@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Annotated, Any, TypeVar
+from typing import TYPE_CHECKING, Annotated, Any, TypeVar
 
 import typer
 from pydantic import BaseModel
@@ -14,6 +14,9 @@ from tmas.cli import interrupt
 from tmas.cli.estimate import GateFlags, gate_options
 from tmas.cli.options import ModelFlags, PromptsDirOpt, model_options
 from tmas.errors import InputError
+
+if TYPE_CHECKING:  # numpy and faiss: imported where a command needs them
+    from tmas.pool.build import BuildConfig
 
 Model = TypeVar("Model", bound=BaseModel)
 
@@ -160,6 +163,31 @@ def _grading_only(flags: ModelFlags, command: str) -> None:
     _unread(flags, _RUN_FLAGS, f"{_BOUND}, and tmas pool {command} solves none")
 
 
+def _check_selection(config: BuildConfig, given: dict[str, Any]) -> None:
+    """Refuse the build options the chosen scheme or selection reads nothing of: each would change nothing."""
+    unread = [
+        (
+            "quantile",
+            config.tau is not None,
+            "with --tau the turns kept are those with reward >= tau (Eq. 13), not a top share",
+        ),
+        (
+            "permutations",
+            config.scheme != "shapley",
+            f"only the shapley scheme draws orders (--scheme {config.scheme})",
+        ),
+        (
+            "beta",
+            config.scheme == "naive",
+            "Eq. 16 normalises the difference and shapley schemes' credit scores; the"
+            " naive scheme's shares are Eq. 11's",
+        ),
+    ]
+    for name, unused, why in unread:
+        if unused and given[name] is not None:
+            raise InputError(f"--{name} {given[name]}: {why}; leave it out")
+
+
 @pool_app.command("build")
 @model_options
 @gate_options
@@ -217,6 +245,7 @@ def build(
         "seed": flags.seed,
     }
     build_config = _checked(BuildConfig, "build", options)
+    _check_selection(build_config, options)
     _unread(flags, _RUN_FLAGS, f"{_BOUND}, and tmas pool build solves none (--confirm-calls bounds its calls)")
     settings = flags.settings()
     check_before_estimate(settings)  # as a run's: a wrong model name or --prompts-dir before the estimate
