@@ -270,3 +270,22 @@ def test_a_build_option_the_scheme_or_selection_reads_nothing_of_is_refused(
     out = CliRunner().invoke(app, ["pool", "build", str(tmp_path / "run"), "-o", str(pool), *given])
     assert out.exit_code != 0 and str(out.exception) == f"{said}; leave it out"
     assert not pool.exists()
+
+
+@pytest.mark.parametrize(
+    ("given", "flag"),
+    [
+        (["--min-uses", "2"], "--min-uses 2"),
+        (["--wrong-margin", "0.1"], "--wrong-margin 0.1"),
+        (["--grade", "rules"], "--grade rules"),
+    ],
+)
+def test_a_prune_option_of_the_runs_without_runs_is_refused(tmp_path: Path, given: list[str], flag: str) -> None:
+    # Before, each was accepted without --runs and read by nothing: the prune was the one without it.
+    Pool.create(tmp_path / "pool", LOCAL_NAME)
+    out = CliRunner().invoke(app, ["pool", "prune", str(tmp_path / "pool"), *given])
+    assert out.exit_code != 0 and str(out.exception) == (
+        f"{flag}: only the wrong-correlated rule reads it, from the graded problems of --runs; give --runs, or leave it"
+        " out"
+    )
+    assert Pool.open(tmp_path / "pool").meta.version == 0 and not (tmp_path / "pool.build").exists()

@@ -301,6 +301,14 @@ def prune(
     prune_config = _checked(PruneConfig, "prune", options)
     if not runs:
         flags.unused("without --runs (only the runs' answers are graded)")
+        # Rule 1's options: it judges entries by the graded problems of the runs that retrieved them.
+        for name in ("min_uses", "wrong_margin", "grade_mode", "match"):
+            if options[name] is not None:
+                flag = _FLAGS.get(name, "--" + name.replace("_", "-"))
+                raise InputError(
+                    f"{flag} {options[name]}: only the wrong-correlated rule reads it, from the graded problems of"
+                    " --runs; give --runs, or leave it out"
+                )
     _grading_only(flags, "prune")
     settings = flags.settings() if runs else None
     summary = interrupt.run(prune_pool(pool, runs or [], settings, prune_config))
