@@ -251,6 +251,32 @@ async def test_a_kept_answer_whose_reviews_all_failed_has_not_converged() -> Non
     assert result.answer == "391"
 
 
+async def test_an_unreadable_review_is_no_verdict_in_its_authors_feedback() -> None:
+    objection = json.dumps(
+        {
+            "analysis": "The product is off.",
+            "verdict": "revise",
+            "validated": [],
+            "issues": [{"type": "algebra_error", "severity": "major", "note": "17*23 is not 390.", "fix": "Redo it."}],
+        }
+    )
+    rules = [
+        SLIP,
+        # Round 1: S2 objects to S1's 390; S3's review of it fails, its retry too.
+        Rule(role="reviewer", pattern="= 390.*You are Computation checker, reviewing", replies=[objection], times=1),
+        Rule(role="reviewer", pattern="= 390.*You are Edge-case auditor, reviewing", fault="http_400", times=2),
+    ]
+    result, model = await run(rules, iterations=2)
+    assert "review of S1 by S3: unusable (scripted http_400); counted as revise" in result.iterations[0].notes
+    [again] = [p for p in last_user_prompts(model, "specialist")[3:] if "You are Arithmetic strategist" in p]
+    feedback = json.loads(again.split("<peer_feedback>\n", 1)[1].split("\n</peer_feedback>", 1)[0])
+    # S1 is told what S2 said; S3 said nothing it could read, so it is no verdict (no "revise" nobody gave).
+    assert feedback["verdicts"] == {"S2": "revise"}
+    assert [i["note"] for i in feedback["issues"]] == ["17*23 is not 390."]
+    # It still counts as revise where acceptance is decided: S1 was not accepted in round 1.
+    assert result.iterations[0].state["members"][0]["accepted"] is False
+
+
 async def test_a_specialist_silent_in_round_1_is_asked_for_a_first_attempt_not_a_revision() -> None:
     fail = Rule(role="specialist", pattern="You are Arithmetic strategist", fault="http_400", times=1)
     result, model = await run([fail], iterations=2)

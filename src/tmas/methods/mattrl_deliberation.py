@@ -304,9 +304,10 @@ class VerdictReview(PeerReview):
                     seen.append(key)
                     fresh.append(issue)
             hints = sorted({rv.alt_hint.strip() for rv in own if rv.alt_hint and rv.alt_hint.strip()})
+            # An unreadable review counts as revise for acceptance, but its author hears no verdict nobody gave.
             seat.feedback = json.dumps(
                 {
-                    "verdicts": {rv.reviewer: rv.verdict for rv in own},
+                    "verdicts": {rv.reviewer: rv.verdict for rv in own if rv.readable},
                     "issues": [i.model_dump() for rv in own for i in rv.issues],
                     "alt_hints": hints,
                 },
