@@ -90,7 +90,7 @@ CREDITS_FILE = "credits.jsonl"
 
 class BuildConfig(BaseModel):
     """The knobs of a build. Defaults: the naive scheme of section 3.2; lambda 0.4 and gamma 0.85, the only values
-    the paper states (appendix C.4: weights 0.4 individual / 0.6 decayed global); the top 25 % (section 4.1)."""
+    the paper states (appendix C.1: weights 0.4 individual / 0.6 decayed global); the top 25 % (section 4.1)."""
 
     model_config = ConfigDict(extra="forbid")
 
