@@ -247,6 +247,10 @@ async def test_medicine_outcome_is_the_reciprocal_rank_of_the_gold_diagnosis(tmp
     assert c[(2, "S1")]["r"] == pytest.approx(0.625)
     assert all("diagnostic case" in p and "math problem" not in p for p in prompts)
     assert any("partly correct (outcome score 0.50 of 1)" in p for p in prompts)
+    # Each turn is judged against the team's ranked list that G is read from, not its first name alone.
+    scored = [p for p in prompts if "<target_turn" in p]
+    final = "<team_final_answer>\n[1] Gaucher disease\n[2] fabry  disease\n[3] Pompe disease\n</team_final_answer>"
+    assert scored and all(final in p for p in scored)
 
 
 async def test_a_build_cut_off_by_an_unreachable_endpoint_resumes_from_its_store(tmp_path: Path, run_dir: Path) -> None:

@@ -65,6 +65,8 @@ class LabelledTranscript:
     transcript: Transcript
     # G of Eq. 12 in [0, 1] (see the module's docstring).
     outcome: float
+    # The team's final ranked list where G is read from one (medicine's top-10); empty elsewhere.
+    ranked: list[str] = field(default_factory=list)
 
     @property
     def gold(self) -> str:
@@ -272,7 +274,8 @@ async def load_transcripts(
         ranks = await diagnosis_ranks(
             run_dir, settings, [(c.problem.problem_id, t, c.gold) for c, t in ranked], match, notes, model=model
         )
-        for case, _ in ranked:
+        for case, names in ranked:
+            case.ranked = names
             rank = ranks[case.problem.problem_id]
             case.outcome = 1.0 / rank if rank else 0.0
     return cases

@@ -132,7 +132,9 @@ class TurnJudge:
         messages = utterance_score_prompt(
             question=case.problem.question,
             gold=case.gold,
-            final_answer=case.transcript.final_answer,
+            # A ranked list (medicine) is the team's answer whole, as its G reads it: a gold at rank 2 is no miss.
+            final_answer="\n".join(f"[{i}] {name}" for i, name in enumerate(case.ranked, start=1))
+            or case.transcript.final_answer,
             history=history_before(turns, target.turn),
             target=_view(target),
             round_number=target.turn,
