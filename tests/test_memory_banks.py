@@ -132,6 +132,26 @@ def test_a_new_strategy_described_at_runaway_length_is_refused() -> None:
     assert report.rejected == ["rollout 1: a strategy of 1204 characters, over the 1000 a description may hold"]
 
 
+def test_a_new_strategy_stating_other_values_is_logged_beside_a_logged_one_worded_alike() -> None:
+    # Jaccard 8 / 10 (0.8, above 0.7), but modulo 4 is another route than modulo 3: the agent's verdict 1 stands. The
+    # same route reworded, stating the same value, still counts as another attempt of the logged one.
+    logged = GuidelineBank(
+        strategies=[
+            Strategy(
+                id="G1", description="work modulo 3 to restrict the residues of x", first_iteration=0, last_iteration=0
+            )
+        ],
+        next_id=2,
+    )
+    items = [
+        StrategyClassification(rollout=1, strategy="work modulo 4 to restrict the residues of x", novelty=1),
+        StrategyClassification(rollout=2, strategy="work modulo 3 to restrict all the residues of x", novelty=1),
+    ]
+    new, report = apply_strategy_classifications(logged, items, iteration=1, n_rollouts=2)
+    assert [s.id for s in new.strategies] == ["G1", "G2"] and report.added == ["G2"]
+    assert report.deduplicated == ["rollout 2 (near-duplicate of G1)"] and report.repeated == {"G1": [2]}
+
+
 def test_jaccard_dedup_keeps_the_earlier_entry() -> None:
     old = bank(("anchor", "the answer for the two by two block is three tilings"))
     # Word sets: 10 shared of 11 in the union -> 0.91, above 0.7; the heuristic of the same words is another kind.
@@ -147,6 +167,29 @@ def test_jaccard_dedup_keeps_the_earlier_entry() -> None:
     # A stricter threshold keeps it.
     loose, _ = apply_experience_ops(old, ops[:1], iteration=2, dedup_threshold=0.95)
     assert len(loose) == 2
+
+
+def test_entries_stating_different_values_are_both_kept_whatever_words_they_share() -> None:
+    # Two verified boundary cases: word sets share 13 of 17 words (Jaccard 0.76, above 0.7), but they state different
+    # values (3, 12 against 4, 30): two facts, which the paper's prompt forbids merging. A rewording of the first,
+    # stating the same values, is still its near-duplicate.
+    first = "for n = 3 the count of valid colourings is 12, verified by listing all cases"
+    ops = [
+        ExperienceOp(
+            op="ADD",
+            kind="anchor",
+            content="for n = 4 the count of valid colourings is 30, verified by listing all cases",
+        ),
+        ExperienceOp(
+            op="ADD",
+            kind="anchor",
+            content="for n = 3 the count of all valid colourings is 12, verified by listing cases",
+        ),
+    ]
+    assert jaccard(first, ops[0].content or "") == pytest.approx(13 / 17)
+    new, report = apply_experience_ops(bank(("anchor", first)), ops, iteration=1, dedup_threshold=0.7)
+    assert [e.id for e in new.entries] == ["E1", "E2"]
+    assert report.added == ["E2"] and report.deduplicated == ["E3 (near-duplicate of E1)"]
 
 
 def test_a_near_duplicate_at_the_threshold_is_dropped_and_its_id_never_given_again() -> None:

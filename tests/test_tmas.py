@@ -146,7 +146,8 @@ async def test_exploit_prompt_carries_the_previous_experience_bank() -> None:
 
 async def test_selection_prefers_verified_answers() -> None:
     script = SimScript(accuracy=0.5)
-    result, _ = await run_tmas(script, n=6, m=2, iterations=2, epsilon=0.0)
+    # One iteration: which candidates are wrong is drawn from the plain prompt alone, not from what the banks hold.
+    result, _ = await run_tmas(script, n=6, m=2, iterations=1)
     last = result.iterations[-1].candidates
     answers = {c.answer for c in last}
     assert len(answers) > 1  # some candidates are wrong ...

@@ -2,9 +2,9 @@
 
 Entries are Verified Anchors (non-trivial, reusable results the verifiers confirmed, in four sub-types) and
 Error-Avoidance Heuristics (mistakes the verifiers caught). The experience agent edits the bank with ADD / KEEP /
-REFINE / DELETE operations; :func:`apply_experience_ops` applies them purely, then drops near-duplicates by word-set
-Jaccard similarity and enforces the size cap. Entries an update does not mention are kept: a lazy update can never
-silently empty the bank, only an explicit DELETE removes an entry.
+REFINE / DELETE operations; :func:`apply_experience_ops` applies them purely, then drops near-duplicates (word-set
+Jaccard similarity, the same values stated: tmas.memory.similarity) and enforces the size cap. Entries an update
+does not mention are kept: a lazy update can never silently empty the bank, only an explicit DELETE removes an entry.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from tmas.memory.entry_ids import entry_id
-from tmas.memory.similarity import jaccard
+from tmas.memory.similarity import near_duplicate
 
 EntryKind = Literal["anchor", "heuristic"]
 # Verified Anchor sub-types. Only "structural reduction" survives verbatim in the paper's prompt fragments; the other
@@ -155,9 +155,10 @@ def apply_experience_ops(
     """E_t from E_{t-1} and the agent's operations; ``bank`` itself is not changed.
 
     Order: operations on existing entries (DELETE, REFINE with its merges, KEEP) against E_{t-1}, then ADDs in the
-    order given; then near-duplicates (Jaccard >= ``dedup_threshold`` with an earlier entry of the same kind) are
-    dropped, the earlier entry winning; then ADDs beyond ``max_entries`` are refused. An ADD or REFINE whose content
-    is longer than ``max_content_chars`` is refused (a refused REFINE leaves its entry as it was).
+    order given; then near-duplicates (Jaccard >= ``dedup_threshold`` with an earlier entry of the same kind, stating
+    the same values) are dropped, the earlier entry winning; then ADDs beyond ``max_entries`` are refused. An ADD or
+    REFINE whose content is longer than ``max_content_chars`` is refused (a refused REFINE leaves its entry as it
+    was).
     """
     report = ExperienceReport()
     claims = _claims(bank, ops, report, max_content_chars)
@@ -269,7 +270,9 @@ def _deduplicated(entries: list[ExperienceEntry], threshold: float, report: Expe
     """``entries`` without the near-duplicates of an earlier entry of the same kind (noted in the report)."""
     kept: list[ExperienceEntry] = []
     for entry in entries:
-        twin = next((k for k in kept if k.kind == entry.kind and jaccard(k.content, entry.content) >= threshold), None)
+        twin = next(
+            (k for k in kept if k.kind == entry.kind and near_duplicate(k.content, entry.content, threshold)), None
+        )
         if twin is None:
             kept.append(entry)
         else:

@@ -3,9 +3,10 @@
 Explorers are shown it and told to go somewhere fundamentally different (eq. 1, second branch). The guideline agent
 classifies each rollout's strategy against the log: 1 = new, 0 = the same as a logged one, -1 = cannot tell;
 :func:`apply_strategy_classifications` turns those verdicts into G_t, purely. A "new" strategy whose wording is a
-near-duplicate (word-set Jaccard) of a logged one, or of one a rollout of the same iteration logged, is counted as
-another attempt of that one instead; and a rollout whose verdict names another rollout of its iteration ("R2") counts
-as another attempt of that rollout's strategy. Each distinct strategy of an iteration's rollouts enters the bank once.
+near-duplicate (word-set Jaccard, the same values stated) of a logged one, or of one a rollout of the same iteration
+logged, is counted as another attempt of that one instead; and a rollout whose verdict names another rollout of its
+iteration ("R2") counts as another attempt of that rollout's strategy. Each distinct strategy of an iteration's
+rollouts enters the bank once.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from tmas.memory.entry_ids import entry_id
-from tmas.memory.similarity import jaccard
+from tmas.memory.similarity import jaccard, numbers
 
 DEFAULT_DEDUP_THRESHOLD = 0.7
 # The longest description a new strategy may enter the bank with: a strategy is a sentence or two, and one of
@@ -174,7 +175,7 @@ def apply_strategy_classifications(
         if not item.strategy:
             report.rejected.append(f"rollout {item.rollout}: a new strategy needs a description")
             continue
-        position = _closest(strategies, item.strategy, dedup_threshold)
+        position = _closest(strategies, item.strategy, dedup_threshold, same_values=True)
         if position is not None:
             report.deduplicated.append(f"rollout {item.rollout} (near-duplicate of {strategies[position].id})")
             credit(position, item.rollout)
@@ -207,9 +208,13 @@ def _rollout_named(item: StrategyClassification) -> int | None:
     return int(match.group(1)) if match else None
 
 
-def _closest(strategies: list[Strategy], text: str, threshold: float) -> int | None:
+def _closest(strategies: list[Strategy], text: str, threshold: float, *, same_values: bool = False) -> int | None:
+    """The position of the logged strategy worded most like ``text`` (Jaccard at least ``threshold``); with
+    ``same_values``, only one stating the same values (a new strategy "modulo 4" is not the logged "modulo 3")."""
     best, position = threshold, None
     for i, strategy in enumerate(strategies):
+        if same_values and numbers(strategy.description) != numbers(text):
+            continue
         similarity = jaccard(strategy.description, text)
         if similarity >= best:
             best, position = similarity, i
