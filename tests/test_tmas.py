@@ -458,6 +458,26 @@ async def test_failed_calls_are_handled() -> None:
     assert result.failed_calls == 1 + 2 + 1 + 2 + 1
 
 
+async def test_the_summary_agent_reads_the_verifications_that_came_back_and_none_is_asked_without_one() -> None:
+    # m = 2, the first verifier call fails: A_sum(x, c, V) is shown the one verification written, not a placeholder
+    # for the failed call; the failed one still counts 0 in the score.
+    one = SimScript(rules=[Rule(role="verifier", fault="http_400", times=1)])
+    result, model = await run_tmas(one, n=1, m=2, iterations=1)
+    (prompt,) = last_user_prompts(model, "summary")
+    assert prompt.count("<verification number=") == 1 and '<verification number="1" score="1">' in prompt
+    assert "(verification failed)" not in prompt
+    (candidate,) = result.iterations[0].candidates
+    assert [v.error is not None for v in candidate.meta.verifications or []] == [True, False]
+    assert candidate.score == 0.5
+    # Both fail: nothing to summarise, so no summary call; the rollout's summary is built from the scores.
+    none = SimScript(rules=[Rule(role="verifier", fault="http_400", times=2)])
+    result, model = await run_tmas(none, n=1, m=2, iterations=1)
+    assert model.calls_of("summary") == []
+    (candidate,) = result.iterations[0].candidates
+    assert (candidate.meta.summary or "").startswith("(No summary: no verification call came back.)")
+    assert "candidate 0: no verification call came back; summary built from the scores" in result.iterations[0].notes
+
+
 async def test_every_solution_failing_fails_the_problem() -> None:
     script = SimScript(rules=[Rule(role="solution", fault="http_400")])
     result, model = await run_tmas(script, n=2, m=1, iterations=2)

@@ -32,7 +32,8 @@ vote by each candidate's confidence (methods/confidence_params.py).
 Bad agent output never crashes a problem: a failed or answerless solution scores 0 (one with no text at all, a
 thinking model cut while it reasoned, has nothing to verify: no verification or summary is asked, and no later prompt
 shows it), an unreadable verification
-counts 0, a missing summary is replaced by one built from the scores, and an invalid experience or guideline update
+counts 0 (the summary agent reads the verifications that came back; with none, it is not asked), a missing
+summary is replaced by one built from the scores, and an invalid experience or guideline update
 leaves the previous bank in place. An output that echoes its prompt's instructions (:mod:`tmas.agents.echo`) is
 asked again once; a solution that echoes twice gives no answer and no rollout, a summary is built from the scores
 instead, and echoing bank items are dropped (from the first reply, when the retry failed or is unreadable). Each case
@@ -591,8 +592,14 @@ class TMAS(Method[TMASParams]):
         if not summarize:
             return CandidateOutcome(candidate, Rollout(index=i, solution=text, summary="", score=score, answer=answer))
 
-        # Line 15: s_{t,i} = A_sum(x, c_{t,i}, V_{t,i}).
-        summary, call_id = await self._summarize(session, i, text, verifications, log)
+        # Line 15: s_{t,i} = A_sum(x, c_{t,i}, V_{t,i}): V_{t,i} is what the verifiers wrote; a call that failed wrote
+        # nothing, so the summary agent is shown the replies alone (and, where none came back, not asked at all).
+        replied = [v for v, record in zip(verifications, records, strict=True) if record.error is None]
+        if replied:
+            summary, call_id = await self._summarize(session, i, text, replied, log)
+        else:
+            log.notes.append(f"candidate {i}: no verification call came back; summary built from the scores")
+            summary, call_id = summary_from_scores(verifications, "no verification call came back"), None
         meta.summary, meta.summary_call_id = summary.text, call_id
         rollout = Rollout(index=i, solution=text, summary=summary.text, score=score, answer=answer)
         return CandidateOutcome(candidate, rollout)
