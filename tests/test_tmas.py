@@ -607,8 +607,13 @@ async def test_the_paper_preset_shows_rollouts_as_the_paper_does(preset: str, sc
     assert len(with_rollouts) >= 2  # the exploit prompt and the experience agent's
     assert all(("mean_verifier_score=" in text) == scored for text in with_rollouts)
     assert all(("its mean verifier score" in text) == scored for text in with_rollouts)
+    # The experience bank's size: appendix D's 20-35 target; the paper preset names no cap, the others theirs.
+    experience = [c.messages[-1].content for c in model.calls if c.role == "experience"]
+    assert experience and all("Aim for 20 to 35 entries" in text for text in experience)
+    assert all(("the bank holds at most 35." in text) == scored for text in experience)
+    assert not any("holds at most 10000" in text for text in experience)
     paper = TMASParams.model_validate({"preset": "paper"})
-    assert (paper.answer_reminder, paper.show_scores, paper.experience_max_entries) == (False, False, 10_000)
+    assert (paper.answer_reminder, paper.show_scores, paper.experience_max_entries) == (False, False, None)
 
 
 def test_preset_sampling_yields_to_the_users_settings() -> None:

@@ -200,15 +200,19 @@ def test_experience_update_parsing() -> None:
     ("max_entries", "target"),
     [
         (35, "Aim for 20 to 35 entries"),  # the default: appendix D's target
-        (10_000, "Aim for 20 to 35 entries"),  # the paper preset: no limit below the target
+        (None, "Aim for 20 to 35 entries"),  # the paper preset: appendix D's target alone, no limit named
         (25, "Aim for 20 to 25 entries"),
         (10, "Aim for at most 10 entries"),  # a bank capped below the target is never asked for 20
     ],
 )
-def test_the_experience_prompts_size_target_fits_the_banks_cap(max_entries: int, target: str) -> None:
+def test_the_experience_prompts_size_target_fits_the_banks_cap(max_entries: int | None, target: str) -> None:
     text = experience_prompt("Q", [], ExperienceBank(), max_entries)[-1].content
-    assert target in text and f"the bank holds at most {max_entries}." in text
-    if max_entries < 20:
+    assert target in text
+    if max_entries is None:
+        assert "Entries you do not mention are kept." in text and "holds at most" not in text
+    else:
+        assert f"the bank holds at most {max_entries}." in text
+    if max_entries is not None and max_entries < 20:
         assert "20 to" not in text
 
 

@@ -72,8 +72,9 @@ class ExperienceUpdate(BaseModel):
 
 
 def experience_prompt(
-    question: str, rollouts: list[RolloutView], bank: ExperienceBank, max_entries: int
+    question: str, rollouts: list[RolloutView], bank: ExperienceBank, max_entries: int | None
 ) -> list[Message]:
+    """The experience agent's prompt; ``max_entries`` is the bank's cap, stated where there is one."""
     return prompt(
         "tmas_experience.j2",
         system_name=MATH_SYSTEM,

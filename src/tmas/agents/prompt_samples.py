@@ -87,7 +87,7 @@ def _contexts() -> dict[str, list[Context]]:
                 "verifications": [VerificationView(feedback=TEXT, score_text="1")],
             }
         ],
-        "tmas_experience.j2": _each({**q, "rollouts": rollouts, "bank": bank}, max_entries=(35, 10)),
+        "tmas_experience.j2": _each({**q, "rollouts": rollouts, "bank": bank}, max_entries=(35, 10, None)),
         "tmas_guideline.j2": _each({**q, "rollouts": rollouts}, bank=(guidelines, GuidelineBank())),
         "rl_guideline_judge.j2": [{**q, "solution": TEXT, "strategies": [StrategyView(id="G1", description=TEXT)]}],
         "self_refine.j2": _each({**solve, "attempt": TEXT}, **how),

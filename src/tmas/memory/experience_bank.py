@@ -149,16 +149,16 @@ def apply_experience_ops(
     *,
     iteration: int,
     dedup_threshold: float = DEFAULT_DEDUP_THRESHOLD,
-    max_entries: int = DEFAULT_MAX_ENTRIES,
+    max_entries: int | None = DEFAULT_MAX_ENTRIES,
     max_content_chars: int = MAX_CONTENT_CHARS,
 ) -> tuple[ExperienceBank, ExperienceReport]:
     """E_t from E_{t-1} and the agent's operations; ``bank`` itself is not changed.
 
     Order: operations on existing entries (DELETE, REFINE with its merges, KEEP) against E_{t-1}, then ADDs in the
     order given; then near-duplicates (Jaccard >= ``dedup_threshold`` with an earlier entry of the same kind, stating
-    the same values) are dropped, the earlier entry winning; then ADDs beyond ``max_entries`` are refused. An ADD or
-    REFINE whose content is longer than ``max_content_chars`` is refused (a refused REFINE leaves its entry as it
-    was).
+    the same values) are dropped, the earlier entry winning; then ADDs beyond ``max_entries`` (None: no limit) are
+    refused. An ADD or REFINE whose content is longer than ``max_content_chars`` is refused (a refused REFINE leaves
+    its entry as it was).
     """
     report = ExperienceReport()
     claims = _claims(bank, ops, report, max_content_chars)
@@ -168,7 +168,7 @@ def apply_experience_ops(
     new_ids = [f"E{bank.next_id + i}" for i in range(len(claims.additions))]
     entries += [_new_entry(entry_id, op, iteration) for entry_id, op in zip(new_ids, claims.additions, strict=True)]
     kept = _deduplicated(entries, dedup_threshold, report)
-    while len(kept) > max_entries and kept[-1].id in new_ids:
+    while max_entries is not None and len(kept) > max_entries and kept[-1].id in new_ids:
         dropped = kept.pop()
         report.rejected.append(f"ADD {dropped.id}: the bank is full ({max_entries} entries)")
     final_ids = {e.id for e in kept}

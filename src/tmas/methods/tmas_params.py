@@ -66,10 +66,10 @@ PRESETS: dict[str, dict[str, Any]] = {
         "confidence": False,
         # Nothing beyond the paper that changes what is asked or shown: no second call for a missing answer,
         # rollouts as (c, s) without their scores, and the experience bank's 20-35 entries a target the prompt
-        # states (appendix D), not a limit that refuses a late anchor.
+        # states (appendix D), not a limit that refuses a late anchor (nor one the prompt names).
         "answer_reminder": False,
         "show_scores": False,
-        "experience_max_entries": 10_000,
+        "experience_max_entries": None,
         "sampling": {role: PAPER_SAMPLING for role in TMAS_ROLES},
     },
     "local": {
@@ -132,7 +132,8 @@ class TMASParams(StyledParams, ConfidenceParams):
     # Prompt budget in tokens; None = the role's context window (when known) less its max_tokens.
     context_tokens: int | None = Field(default=None, ge=512)
     experience_dedup_threshold: float = Field(default=DEFAULT_DEDUP_THRESHOLD, gt=0.0, le=1.0)
-    experience_max_entries: int = Field(default=DEFAULT_MAX_ENTRIES, ge=1)
+    # Beyond the paper: ADDs that would grow the experience bank past this are refused (None: no limit).
+    experience_max_entries: int | None = Field(default=DEFAULT_MAX_ENTRIES, ge=1)
     guideline_dedup_threshold: float = Field(default=DEFAULT_DEDUP_THRESHOLD, gt=0.0, le=1.0)
     # Beyond the paper: stop a problem once its answer is settled, for `early_stop_patience` iterations in a row: at
     # least `early_stop_agreement` of the N candidates give one answer (1.0: all of them; in proof mode, where no two
