@@ -189,7 +189,7 @@ class TMAS(Method[TMASParams]):
     name: ClassVar[str] = "tmas"
     traits: ClassVar[Traits] = Traits(selects=True, roles=TMAS_ROLES)
     example_params: ClassVar[dict[str, Any] | None] = {"n": 1, "m": 1, "iterations": 2}
-    # The setting of the TMAS paper (4.1, A.3).
+    # The setting of the TMAS paper (section 4.1).
     paper_settings: ClassVar[dict[str, Any]] = {"n": 8, "m": 8, "epsilon": 0.2}
     Params: ClassVar[type[MethodParams]] = TMASParams
     State: ClassVar[type[MethodState]] = TMASState
