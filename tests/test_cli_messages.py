@@ -26,6 +26,7 @@ from tmas.cli.help_format import command_of
 from tmas.cli.main import app
 from tmas.config import Settings
 from tmas.errors import ConfigError
+from tmas.llm.model import EndpointUnreachable
 from tmas.llm.preflight import check_endpoints
 from tmas.runner import Unreachable
 from tmas.testing import Rule, SimScript, SimServer
@@ -99,6 +100,31 @@ async def test_a_roles_own_base_url_without_v1_is_named_with_its_roles_fix(sim: 
         f"{chat} (the base_url of [roles.judge]): the base URL ends in /chat/completions, which tmas adds to it;"
         f' set base_url = "{sim.base_url}" in [roles.judge]'
     )
+
+
+async def test_a_roles_own_base_url_nobody_listens_at_is_named_with_its_roles_fix(
+    sim: SimServer, tmp_path: Path
+) -> None:
+    # Before, the fix said (by the check before a run and by 'tmas models') was "correct --base-url", which would
+    # move every role's calls and leave the judge's where it was.
+    config = tmp_path / "run.toml"
+    with dead_url() as dead:
+        settings = Settings.model_validate(
+            {"endpoint": {"base_url": sim.base_url}, "roles": {"judge": {"base_url": dead}}}
+        )
+        with pytest.raises(EndpointUnreachable) as caught:
+            await check_endpoints(settings, ["solution", "judge"])
+        config.write_text(f'[endpoint]\nbase_url = "{sim.base_url}"\n[roles.judge]\nbase_url = "{dead}"\n')
+        listed = run_tmas("models", "--config", str(config), text=True)
+    assert str(caught.value) == (
+        f"cannot connect to {dead} (the base_url of [roles.judge]): connection refused; start the server there or"
+        " correct base_url in [roles.judge] ('tmas models --base-url URL' checks an endpoint)"
+    )
+    assert listed.returncode == 1
+    assert (
+        f"judge: {dead} NOT ANSWERING: cannot connect: connection refused; start the server there or correct"
+        " base_url in [roles.judge]"
+    ) in listed.stdout.splitlines()
 
 
 async def test_a_roles_own_model_vllm_does_not_serve_is_named_with_its_roles_fix(sim: SimServer) -> None:

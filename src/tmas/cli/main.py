@@ -433,7 +433,7 @@ def models(
     configured model (--model); or the model run in process (--hf-model)."""
     import os
 
-    from tmas.llm.preflight import UNREACHABLE_FIX, base_url_fix
+    from tmas.llm.preflight import base_url_fix, unreachable_fix
     from tmas.llm.replica import NoConnection, list_models
 
     chosen = ModelFlags(config=config, base_url=base_url, model=model, api_key_env=api_key_env, hf_model=hf_model)
@@ -462,16 +462,16 @@ def models(
     async def probe() -> bool:
         healthy = True
         for role, url, key, wanted in targets:
+            own = None if role == "default" else role  # a role listed has its own base_url
             try:
                 ids = await list_models(url, key)
             except NoConnection as exc:
                 # Said as the check before a run says it (tmas.llm.preflight).
-                typer.echo(f"{role}: {url} NOT ANSWERING: cannot connect: {exc}; {UNREACHABLE_FIX}")
+                typer.echo(f"{role}: {url} NOT ANSWERING: cannot connect: {exc}; {unreachable_fix(own)}")
                 healthy = False
                 continue
             except TmasError as exc:
                 # A 404 from a server that answers under another path: which base URL to give.
-                own = None if role == "default" else role
                 fix = await base_url_fix(url, key, own) if str(exc).startswith("HTTP 404") else None
                 typer.echo(f"{role}: {url} NOT ANSWERING: {exc}" + (f"; {fix}" if fix else ""))
                 healthy = False

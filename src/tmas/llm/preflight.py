@@ -32,8 +32,6 @@ CONNECT_TRIES = 3
 CONNECT_PAUSE_S = 0.5
 # How long a probe waits for a connection and for the model card; a slow answer is not this check's business.
 PROBE_TIMEOUT_S = 5.0
-# What to do about an endpoint no connection could be made to, said by the check before a run and by 'tmas models'.
-UNREACHABLE_FIX = "start the server there or correct --base-url"
 # What tmas adds to a base URL for a chat call: a base URL that already ends in it was copied from a server's docs.
 CHAT_PATH = "/chat/completions"
 # The replica sets that answered in this process, each with the model name asked of it (roles that share a URL may
@@ -61,13 +59,12 @@ async def check_endpoints(settings: Settings, roles: Iterable[str]) -> None:
             checked.add(asked)
             probes = await asyncio.gather(*(_models_reply(session, url, route.api_key) for url in urls))
             answers = [p[0] if isinstance(p, tuple) else p for p in probes]
+            fix = _url_fix(settings, role)
             if all(isinstance(a, str) for a in answers):
-                whose = "" if role == "solution" else f" (the endpoint of role {role!r})"
                 raise EndpointUnreachable(
-                    f"cannot connect to {', '.join(urls)}{whose}: {answers[0]}; {UNREACHABLE_FIX}"
+                    f"cannot connect to {', '.join(urls)}{fix.whose}: {answers[0]}; {fix.unreachable}"
                     " ('tmas models --base-url URL' checks an endpoint)"
                 )
-            fix = _url_fix(settings, role)
             for url, status in zip(urls, answers, strict=True):
                 mistake = await _misspelt(session, url, route.api_key, status, fix)
                 if mistake is not None:
@@ -164,6 +161,12 @@ async def _models_reply(session: aiohttp.ClientSession, url: str, api_key: str |
     return reason
 
 
+def unreachable_fix(role: str | None = None) -> str:
+    """What to do about a base URL no connection could be made to, as the check before a run and ``tmas models`` say
+    it; ``role``: the role whose own ``base_url`` it is (None: the endpoint's)."""
+    return _UrlFix(role).unreachable
+
+
 async def base_url_fix(url: str, api_key: str | None, role: str | None = None) -> str | None:
     """Where ``url`` answered HTTP 404 for its model card but the base URL is merely misspelt: what is wrong and what
     to give instead, in words (as the check before a run says it); None otherwise (``tmas models``). ``role``: the
@@ -201,6 +204,11 @@ class _UrlFix:
     @property
     def whose(self) -> str:
         return "" if self.role is None else f" (the base_url of [roles.{self.role}])"
+
+    @property
+    def unreachable(self) -> str:
+        where = "--base-url" if self.role is None else f"base_url in [roles.{self.role}]"
+        return f"start the server there or correct {where}"
 
     def give(self, url: str) -> str:
         return f"give --base-url {url}" if self.role is None else f'set base_url = "{url}" in [roles.{self.role}]'
