@@ -475,6 +475,16 @@ def test_models_takes_model_and_says_whether_it_is_served(sim: SimServer) -> Non
     assert f"default: {sim.base_url} answers but DOES NOT SERVE 'other'; models: sim-model" in missing.stdout
 
 
+def test_models_counts_the_aliases_llama_server_lists_as_served(tmp_path: Path) -> None:
+    # llama-server started with --alias lists it in its card's aliases and answers calls naming it: before, 'tmas
+    # models --model ALIAS' said it DOES NOT SERVE it, and exited 1.
+    script = SimScript(model="/models/qwen.gguf", aliases=["qwen"], persona="llama-server")
+    with SimServer(script) as server:
+        out = run_tmas("models", "--base-url", server.base_url, "--model", "qwen", text=True)
+    assert out.returncode == 0, out.stdout
+    assert f"default: {server.base_url} ok, models: /models/qwen.gguf, qwen" in out.stdout
+
+
 @pytest.mark.parametrize("command", ["run", "eval", "solve", "sweep", "data filter", "serve"])
 def test_a_prompts_dir_that_is_no_folder_is_said_before_the_estimate(
     sim: SimServer, tmp_path: Path, command: str

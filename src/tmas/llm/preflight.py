@@ -22,7 +22,7 @@ import aiohttp
 from tmas.config import Settings
 from tmas.errors import ConfigError
 from tmas.llm.model import EndpointUnreachable
-from tmas.llm.replica import auth_headers, connect_failure
+from tmas.llm.replica import auth_headers, connect_failure, model_names
 from tmas.llm.routes import DEFAULT_MODEL, Routes
 from tmas.llm.server_kind import server_kind
 
@@ -76,10 +76,10 @@ async def check_endpoints(settings: Settings, roles: Iterable[str]) -> None:
 
 
 async def served_models(settings: Settings, roles: Iterable[str]) -> dict[str, list[str]]:
-    """URL -> the names of the models its server lists now (``GET /models``: each card's ``id`` and the ``aliases``
-    llama-server adds), for each replica of ``roles``; asked anew on every call (a server restarted since may serve
-    another model), never from what answered before. A URL that lists none, or answers otherwise (no ``/models``
-    route, not started), is left out: what it serves is unknown, and the calls say more."""
+    """URL -> the names of the models its server lists now (``GET /models``: :func:`tmas.llm.replica.model_names`),
+    for each replica of ``roles``; asked anew on every call (a server restarted since may serve another model), never
+    from what answered before. A URL that lists none, or answers otherwise (no ``/models`` route, not started), is
+    left out: what it serves is unknown, and the calls say more."""
     if settings.uses_in_process_model or settings.uses_local_model:
         return {}
     routes = Routes(settings)
@@ -89,23 +89,9 @@ async def served_models(settings: Settings, roles: Iterable[str]) -> dict[str, l
         urls = list(asked)
         probes = await asyncio.gather(*(_models_reply(session, url, asked[url]) for url in urls))
     for url, probe in zip(urls, probes, strict=True):
-        if isinstance(probe, tuple) and probe[0] == 200 and (names := _listed(probe[1])):
+        if isinstance(probe, tuple) and probe[0] == 200 and (names := model_names(probe[1])):
             served[url] = names
     return served
-
-
-def _listed(models: Any) -> list[str]:
-    """The model names a ``/models`` body lists: each card's ``id``, and its ``aliases`` (llama-server)."""
-    cards = models.get("data") if isinstance(models, dict) else None
-    names: list[str] = []
-    for card in cards if isinstance(cards, list) else []:
-        if not isinstance(card, dict):
-            continue
-        aliases = card.get("aliases")
-        for name in [card.get("id"), *(aliases if isinstance(aliases, list) else [])]:
-            if isinstance(name, str) and name and name not in names:
-                names.append(name)
-    return names
 
 
 def _check_served(url: str, models: Any, model: str | None, role: str, settings: Settings) -> None:
@@ -115,7 +101,7 @@ def _check_served(url: str, models: Any, model: str | None, role: str, settings:
     another server lists need not be all it answers."""
     if server_kind(models) != "vllm":
         return
-    served = [str(card.get("id")) for card in models.get("data", []) if isinstance(card, dict)]
+    served = model_names(models)
     if served and (model or DEFAULT_MODEL) not in served:
         whose = "" if role == "solution" else f" (the model of role {role!r})"
         asked = f"no model {model!r}" if model is not None else f"no model {DEFAULT_MODEL!r}, which tmas asks for"

@@ -239,6 +239,22 @@ def still_loading(models: dict[str, Any]) -> bool:
     return isinstance(card, dict) and "meta" in card and card["meta"] is None
 
 
+def model_names(models: Any) -> list[str]:
+    """The model names a ``/v1/models`` reply lists, each once: every card's ``id`` and the ``aliases`` llama-server
+    lists beside it (its ``--alias``; it answers calls naming any of them). vLLM's card also holds ``root``, the
+    path its weights were read from, which is no name it answers."""
+    cards = models.get("data") if isinstance(models, dict) else None
+    names: list[str] = []
+    for card in cards if isinstance(cards, list) else []:
+        if not isinstance(card, dict):
+            continue
+        aliases = card.get("aliases")
+        for name in [card.get("id"), *(aliases if isinstance(aliases, list) else [])]:
+            if isinstance(name, str) and name and name not in names:
+                names.append(name)
+    return names
+
+
 def context_length(models: Any) -> int | None:
     """The context window a /v1/models reply reports (vLLM's and SGLang's ``max_model_len``, or another name)."""
     for model in models.get("data", []) if isinstance(models, dict) else []:
@@ -262,8 +278,8 @@ def connect_failure(exc: aiohttp.ClientConnectorError) -> str:
 
 
 async def list_models(url: str, api_key: str | None = None) -> list[str]:
-    """Model ids served at ``url`` (raises :class:`LLMError` with the reason when it does not answer,
-    :class:`NoConnection` when no connection could be made)."""
+    """The model names served at ``url`` (:func:`model_names`; raises :class:`LLMError` with the reason when it does
+    not answer, :class:`NoConnection` when no connection could be made)."""
     try:
         async with (
             aiohttp.ClientSession() as session,
@@ -279,4 +295,4 @@ async def list_models(url: str, api_key: str | None = None) -> list[str]:
         raise NoConnection(connect_failure(exc)) from None
     except (aiohttp.ClientError, TimeoutError, ValueError) as exc:
         raise LLMError(f"{type(exc).__name__}: {exc}") from None
-    return [str(m.get("id")) for m in data.get("data", []) if isinstance(m, dict)]
+    return model_names(data)

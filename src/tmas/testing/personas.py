@@ -188,7 +188,7 @@ def _llama_card(script: SimScript) -> dict[str, Any]:
     }
     return {
         "id": script.model,
-        "aliases": [],
+        "aliases": list(script.aliases),
         "tags": [],
         "object": "model",
         "created": 0,

@@ -223,6 +223,9 @@ class SimScript(_Strict):
     # never as a reasoning model (a chat model beside a reasoning one, each with its own restrictions): their replies
     # hold no thinking, in a field or in think tags.
     also_serves: list[str] = Field(default_factory=list)
+    # The other names llama-server's model card lists in its ``aliases`` (its ``--alias``): the llama-server persona
+    # answers any name a call gives, these too.
+    aliases: list[str] = Field(default_factory=list)
     context_length: int = Field(default=32768, ge=1)
     latency_s: float = Field(default=0.0, ge=0.0)
     latency_per_token_s: float = Field(default=0.0, ge=0.0)
