@@ -5,15 +5,17 @@ URLs, or a model named in the run's settings, resume as before."""
 
 from __future__ import annotations
 
+import asyncio
 import sqlite3
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from conftest import settings_for
+from conftest import run_tmas, settings_for
 from tmas.config import Settings
 from tmas.errors import InputError
+from tmas.llm import preflight
 from tmas.llm.preflight import served_models
 from tmas.problems import Problem
 from tmas.runner import (
@@ -213,3 +215,24 @@ async def test_a_run_moved_to_a_server_that_serves_its_model_resumes(tmp_path: P
         first.reset()
         summary = await _resume(run_dir, second.base_url)
         assert summary.done == 2 and second.chat_bodies() and first.chat_bodies() == []
+
+
+def test_a_resume_asks_each_server_once_what_it_serves_before_its_estimate(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Before, 'tmas run --resume' asked GET /models twice before its estimate (whether the server answers, then what
+    # it serves), and a resumed run twice again before its first call; one answer now serves both each time.
+    with SimServer(SimScript(model="model-a")) as server:
+        settings = settings_for(server, endpoint__model=None, method={"name": "majority", "params": {"k": 2}})
+        run_dir = tmp_path / "run"
+        asyncio.run(_run_then_stop(run_dir, settings))
+        server.reset()
+        out = run_tmas("run", "--resume", str(run_dir), "--dry-run", cwd=tmp_path, text=True)
+        assert out.returncode == 0, out.stderr
+        assert server.stats().models_requests == 1 and server.chat_bodies() == []
+        server.reset()
+        # A process that has not checked the server yet: the run's check, then the client's own reading of the
+        # replica's context window.
+        monkeypatch.setattr(preflight, "_ANSWERED", set())
+        summary = asyncio.run(_resume(run_dir, server.base_url))
+        assert summary.done == 2 and server.stats().models_requests == 2

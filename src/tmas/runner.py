@@ -577,18 +577,20 @@ def pin_inputs(method: Method[Any], store: RunStore, fingerprint: str) -> None:
     store.set_meta("method_inputs", {**recorded, **used})
 
 
-async def served_now(setup: RunSetup, store: RunStore) -> dict[str, list[str]]:
+async def served_now(
+    setup: RunSetup, store: RunStore, asked: Mapping[str, list[str]] | None = None
+) -> dict[str, list[str]]:
     """What the servers of ``setup``'s roles that name no model serve now, where ``store`` holds replies of such a role
-    (:meth:`RunSetup.unnamed_roles`), as :func:`tmas.llm.preflight.served_models` asks them; nothing is asked (and
-    none said) otherwise."""
+    (:meth:`RunSetup.unnamed_roles`), as :func:`tmas.llm.preflight.served_models` asks them (but those in ``asked``,
+    what :func:`tmas.llm.preflight.check_endpoints` was told just now); nothing is asked (and none said) otherwise."""
     roles = setup.unnamed_roles(store)
-    return await served_models(setup.settings, roles) if roles else {}
+    return await served_models(setup.settings, roles, asked) if roles else {}
 
 
-async def check_served(setup: RunSetup, store: RunStore) -> None:
+async def check_served(setup: RunSetup, store: RunStore, asked: Mapping[str, list[str]] | None = None) -> None:
     """Refuse, before any call, a resume of ``store``'s run under ``setup`` whose servers, where it names no model,
     serve another model now than its stored replies came from (:meth:`RunSetup.check_servers`)."""
-    setup.check_servers(store, await served_now(setup, store))
+    setup.check_servers(store, await served_now(setup, store, asked))
 
 
 def _recorded_settings(store: RunStore) -> Settings | None:
@@ -865,12 +867,14 @@ async def run_problems(
             state.problem_slots = problems_in_flight(llm.settings, own_model=own_model)
             workers = max(1, min(state.problem_slots, state.total - len(finished)))
             try:
+                asked: dict[str, list[str]] = {}
                 if model is None and state.total > len(finished):
                     # Nothing listening, or a base URL without its /v1: said in seconds, before any call.
-                    await check_endpoints(llm.settings, method.traits.roles)
+                    asked = await check_endpoints(llm.settings, method.traits.roles)
                 if not own_model and state.total > len(finished):
-                    # A server restarted with another model where the run names none: refused before any call.
-                    await check_served(RunSetup(settings, method, []), store)
+                    # A server restarted with another model where the run names none: refused before any call (from
+                    # what the check just asked, where it did).
+                    await check_served(RunSetup(settings, method, []), store, asked)
                 # Each worker is a lane (tmas.llm.lanes): on an endpoint with pin_slots, its calls share one slot.
                 await gather_all(worker(Lane(w, workers)) for w in range(workers))
             except EndpointUnreachable as exc:

@@ -316,11 +316,12 @@ def _resume_run(
         # would mix its replies with the stored ones.
         # A server that does not answer is said as a run says it, with how to continue, not as one that may serve
         # another model.
+        # Both from one GET /models of each URL.
         try:
-            interrupt.run(check_endpoints(settings, setup.unnamed_roles(peek)))
+            asked = interrupt.run(check_endpoints(settings, setup.unnamed_roles(peek)))
         except EndpointUnreachable as exc:
             raise Unreachable(str(exc), run_dir) from None
-        setup.check_resume(peek, interrupt.run(served_now(setup, peek)))
+        setup.check_resume(peek, interrupt.run(served_now(setup, peek, asked)))
         count = peek.problem_count()
         listed = peek.problems() if estimate.pilot is not None else count
         # The problems finished as this resume asks are skipped: they send nothing and replay nothing, and the

@@ -13,7 +13,7 @@ Here each is one line naming the URL, within seconds. Anything else (a server st
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -40,15 +40,18 @@ CHAT_PATH = "/chat/completions"
 _ANSWERED: set[tuple[tuple[str, ...], str | None]] = set()
 
 
-async def check_endpoints(settings: Settings, roles: Iterable[str]) -> None:
+async def check_endpoints(settings: Settings, roles: Iterable[str]) -> dict[str, list[str]]:
     """Raise :class:`EndpointUnreachable` when no replica of a role's endpoint accepts a connection, and
     :class:`ConfigError` when a base URL lacks the ``/v1`` its server answers under or ends in the
     ``/chat/completions`` tmas adds; each names the URL. A model answering in this process has no endpoint to
-    check."""
+    check. What each URL asked now lists (URL -> names, none where it lists none or does not answer) is returned:
+    :func:`served_models` takes it rather than ask again. A replica set that answered before in this process is not
+    asked."""
     if settings.uses_in_process_model:
-        return
+        return {}
     routes = Routes(settings)
     checked: set[tuple[tuple[str, ...], str | None]] = set()
+    listed: dict[str, list[str]] = {}
     async with aiohttp.ClientSession() as session:
         for role in dict.fromkeys(roles):
             route = routes.route(role)
@@ -70,28 +73,36 @@ async def check_endpoints(settings: Settings, roles: Iterable[str]) -> None:
                 if mistake is not None:
                     raise ConfigError(mistake)
             for url, probe in zip(urls, probes, strict=True):
+                listed[url] = _served(probe)
                 if isinstance(probe, tuple) and probe[0] == 200:
                     _check_served(url, probe[1], route.endpoint.model, role, settings)
             _ANSWERED.add(asked)
+    return listed
 
 
-async def served_models(settings: Settings, roles: Iterable[str]) -> dict[str, list[str]]:
+async def served_models(
+    settings: Settings, roles: Iterable[str], asked: Mapping[str, list[str]] | None = None
+) -> dict[str, list[str]]:
     """URL -> the names of the models its server lists now (``GET /models``: :func:`tmas.llm.replica.model_names`),
     for each replica of ``roles``; asked anew on every call (a server restarted since may serve another model), never
-    from what answered before. A URL that lists none, or answers otherwise (no ``/models`` route, not started), is
-    left out: what it serves is unknown, and the calls say more."""
+    from what answered before, but for the URLs in ``asked``: what :func:`check_endpoints` was told just now. A URL
+    that lists none, or answers otherwise (no ``/models`` route, not started), is left out: what it serves is unknown,
+    and the calls say more."""
     if settings.uses_in_process_model or settings.uses_local_model:
         return {}
     routes = Routes(settings)
-    asked = {replica.url: route.api_key for route in map(routes.route, roles) for replica in route.replicas}
-    served: dict[str, list[str]] = {}
+    keys = {replica.url: route.api_key for route in map(routes.route, roles) for replica in route.replicas}
+    told = asked or {}
+    urls = [url for url in keys if url not in told]
     async with aiohttp.ClientSession() as session:
-        urls = list(asked)
-        probes = await asyncio.gather(*(_models_reply(session, url, asked[url]) for url in urls))
-    for url, probe in zip(urls, probes, strict=True):
-        if isinstance(probe, tuple) and probe[0] == 200 and (names := model_names(probe[1])):
-            served[url] = names
-    return served
+        probes = await asyncio.gather(*(_models_reply(session, url, keys[url]) for url in urls))
+    probed = dict(zip(urls, map(_served, probes), strict=True))
+    return {url: names for url in keys if (names := told[url] if url in told else probed[url])}
+
+
+def _served(probe: tuple[int, Any] | str) -> list[str]:
+    """The model names a ``GET /models`` answer lists: none unless it answered 200."""
+    return model_names(probe[1]) if isinstance(probe, tuple) and probe[0] == 200 else []
 
 
 def _check_served(url: str, models: Any, model: str | None, role: str, settings: Settings) -> None:

@@ -262,6 +262,7 @@ class SimApp:
     async def _models(self, request: web.Request) -> web.Response:
         active = self._active
         persona, script = active.persona, active.script
+        self.recorder.count_models_request()
         loading = active.models_refused < script.models_unavailable
         if loading:
             active.models_refused += 1

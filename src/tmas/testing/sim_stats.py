@@ -49,6 +49,8 @@ class SimStats(BaseModel):
     max_waiting: int = 0
     queued: int = 0
     aborted: int = 0
+    # /v1/models requests received (what a client asks before its calls: whether the server answers, what it serves).
+    models_requests: int = 0
     # Requests refused for a missing or wrong API key (SimScript.api_key); /v1/models requests answered 503 while the
     # model was "loading" (SimScript.models_unavailable), and requests to the other routes refused so meanwhile.
     unauthorized: int = 0
@@ -245,6 +247,10 @@ class SimRecorder:
     def count_unauthorized(self) -> None:
         with self._lock:
             self._stats.unauthorized += 1
+
+    def count_models_request(self) -> None:
+        with self._lock:
+            self._stats.models_requests += 1
 
     def count_models_unavailable(self) -> None:
         with self._lock:
