@@ -236,3 +236,34 @@ def test_a_resume_asks_each_server_once_what_it_serves_before_its_estimate(
         monkeypatch.setattr(preflight, "_ANSWERED", set())
         summary = asyncio.run(_resume(run_dir, server.base_url))
         assert summary.done == 2 and server.stats().models_requests == 2
+
+
+async def test_a_replica_that_answered_no_call_is_the_runs_own_on_resume(tmp_path: Path) -> None:
+    # Of two replicas, the replies came from one only (the other down, or routed none): before, a resume at the
+    # run's own URLs took the other for "another URL" where it lists no model of the replies' (llama-server echoes
+    # the name asked), refused, and told to resume with the run's --base-url, which it was.
+    def at(*servers: SimServer) -> Settings:
+        return resume_settings(stored_settings(run_dir), {"endpoint.base_url": [s.base_url for s in servers]})
+
+    with (
+        SimServer(SimScript(model="/models/a.gguf", persona="llama-server")) as one,
+        SimServer(SimScript(model="/models/a.gguf", persona="llama-server")) as two,
+        SimServer(SimScript(model="/models/a.gguf", persona="llama-server")) as three,
+    ):
+        settings = settings_for(one, two, endpoint__model=None, method={"name": "majority", "params": {"k": 2}})
+        run_dir = tmp_path / "run"
+        await _run_then_stop(run_dir, settings)
+        with sqlite3.connect(run_dir / "run.sqlite") as db:
+            db.execute("UPDATE calls SET endpoint = ?", (one.base_url,))
+        # A URL the run never sent to is another, as before, and stays so though the refused resume recorded it.
+        for _ in range(2):
+            refused = await _resume_refused(run_dir, at(one, three))
+            now = ", ".join(sorted([one.base_url, three.base_url]))
+            assert f"endpoint {one.base_url} (now {now}, which serves '/models/a.gguf')" in str(refused)
+        assert three.chat_bodies() == []
+        one.reset()
+        two.reset()
+        store, again, todo = prepare_run(run_dir, at(one, two), None, resume=True)
+        with store:
+            summary = await run_problems(again, todo, store)
+        assert summary.done == 2 and one.chat_bodies() + two.chat_bodies()

@@ -58,6 +58,9 @@ from tmas.store.run_store import DB_NAME, RunStore, StoreError
 if TYPE_CHECKING:
     from tmas.answer_classes import EquivalenceCheck
 
+# The store's meta key of the URLs a run sent each role's calls to that name no model (RunSetup.record_servers).
+OWN_URLS = "own_urls"
+
 
 @dataclass
 class RunState:
@@ -408,12 +411,13 @@ class RunSetup:
     def changed_servers(self, store: RunStore, served: Mapping[str, list[str]] | None = None) -> list[ServerChange]:
         """The roles of this setup's method, where no model is named (each server answers with a model of its own),
         whose replies would now come from another model than ``store``'s replies of them did: their endpoint URLs are
-        not those the replies came from and their servers are not known to serve the replies' model (another model
-        may answer there), or ``served`` (URL -> the models its server
-        lists now: :func:`tmas.llm.preflight.served_models`) says their server serves another model than the stored
-        replies reported (a server restarted with another model at the same URL). None where no reply of those roles
-        is stored (nothing would be mixed) or the recorded settings are another version's. A named model is compared
-        by :meth:`changed_requests` instead. The one check of a resumed run and of ``tmas data filter``'s samples."""
+        not those the replies came from nor others the run's starts checked (:meth:`record_servers`), and their
+        servers are not known to serve the replies' model (another model may answer there), or ``served`` (URL -> the
+        models its server lists now: :func:`tmas.llm.preflight.served_models`) says their server serves another model
+        than the stored replies reported (a server restarted with another model at the same URL). None where no reply
+        of those roles is stored (nothing would be mixed) or the recorded settings are another version's. A named
+        model is compared by :meth:`changed_requests` instead. The one check of a resumed run and of ``tmas data
+        filter``'s samples."""
         roles = self.unnamed_roles(store)
         before = _recorded_settings(store) if roles else None
         if before is None:
@@ -430,10 +434,12 @@ class RunSetup:
             old = [url for url in came_from if url.startswith(("http://", "https://"))] or recorded
             # A reply that says DEFAULT_MODEL echoes the name asked (llama-server, SGLang): it names no model.
             named = replied if replied != DEFAULT_MODEL else None
-            # Other URLs than the replies came from, where what they serve (or the replies' model) is unknown:
-            # another model may answer there. Those that list what they serve are compared below, as the run's own.
-            moved_to = [url for url in new if url not in old]
-            listed = [name for url in new for name in served.get(url, [])]
+            # Other URLs than the replies came from and than the run's own (a replica that answered none of its calls
+            # is one), where what they serve (or the replies' model) is unknown: another model may answer there.
+            # Those that list what they serve are compared below, as the run's own.
+            own = _own_urls(store).get(role, [])
+            moved_to = [url for url in new if url not in old and url not in own]
+            listed = list(dict.fromkeys(name for url in new for name in served.get(url, [])))
             if moved_to and (not named or any(not served.get(url) for url in moved_to)):
                 changed.append(ServerChange(role, old, new, named, listed, moved=True))
                 continue
@@ -451,6 +457,17 @@ class RunSetup:
         if changed := self.changed_servers(store, served):
             own = self.settings.roles.get(changed[0].role)
             raise InputError(changed[0].refusal(store.run_dir, len(changed) - 1, bool(own and own.base_url)))
+
+    def record_servers(self, store: RunStore) -> None:
+        """Add the URLs this setup's roles that name no model are sent to to those ``store`` keeps as its run's own
+        (:meth:`changed_servers` takes them for its own whether or not a reply came from them): once a start has
+        checked them, before any call. A resume refused for them never gets here, though it recorded its settings."""
+        own = _own_urls(store)
+        for role in self.method.traits.roles:
+            urls = _served_by(self.settings, role)
+            if urls:
+                own[role] = sorted({*own.get(role, []), *urls})
+        store.set_meta(OWN_URLS, own)
 
     @cached_property
     def inputs(self) -> dict[str, str]:
@@ -641,6 +658,13 @@ class ServerChange:
             f" the stored ones; serve {self.replied!r} there again to resume, or name the model the run asks for with"
             f" {name}"
         )
+
+
+def _own_urls(store: RunStore) -> dict[str, list[str]]:
+    """The URLs ``store``'s run sent each role's calls to that name no model, as its starts checked them
+    (:meth:`RunSetup.record_servers`); none in a run of an earlier version."""
+    kept = store.get_meta(OWN_URLS)
+    return {role: list(urls) for role, urls in kept.items()} if isinstance(kept, dict) else {}
 
 
 def _names(models: list[str]) -> str:
@@ -874,7 +898,9 @@ async def run_problems(
                 if not own_model and state.total > len(finished):
                     # A server restarted with another model where the run names none: refused before any call (from
                     # what the check just asked, where it did).
-                    await check_served(RunSetup(settings, method, []), store, asked)
+                    setup = RunSetup(settings, method, [])
+                    await check_served(setup, store, asked)
+                    setup.record_servers(store)
                 # Each worker is a lane (tmas.llm.lanes): on an endpoint with pin_slots, its calls share one slot.
                 await gather_all(worker(Lane(w, workers)) for w in range(workers))
             except EndpointUnreachable as exc:
