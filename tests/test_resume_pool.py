@@ -200,3 +200,29 @@ async def test_a_run_on_a_pool_of_another_embedding_model_is_refused_before_any_
     assert model.calls == [] and model.embedded == []
     with RunStore(run_dir, read_only=True) as store:
         assert store.results() == []
+
+
+async def test_a_run_reads_its_pool_once_at_its_start(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # Before, a new run read the whole pool (entries and vectors) twice before its first call: for the record of its
+    # setup, then for the run; a resume that had finished no problem did so too.
+    pool = tmp_path / "pool"
+    await make_pool(pool)
+    opened: list[Path] = []
+    open_pool = Pool.open
+
+    def counted(cls: type[Pool], path: str | Path, embedder_name: str | None = None) -> Pool:
+        opened.append(Path(path))
+        return open_pool(path, embedder_name)
+
+    monkeypatch.setattr(Pool, "open", classmethod(counted))
+    run_dir = tmp_path / "run"
+    await scripted_run(model_for(pool), run_dir, PROBLEMS)
+    assert opened == [pool]
+    with RunStore(run_dir, read_only=True) as store:
+        assert store.get_meta("method_inputs") == {f"pool={pool}": Pool.open(pool).content_digest()}
+    stopped_before_p1(run_dir)
+    with sqlite3.connect(run_dir / "run.sqlite") as db:
+        db.execute("DELETE FROM results")
+    opened.clear()
+    await scripted_run(model_for(pool), run_dir)
+    assert opened == [pool]

@@ -558,11 +558,14 @@ class RunSetup:
 
     def record(self, store: RunStore) -> None:
         """Write the setup into the run's store: the settings, the method and its parameters, and each override
-        template's SHA-256 (``{}`` when none)."""
+        template's SHA-256 (``{}`` when none). What the method reads outside the run is recorded as it was (``{}``
+        in a new run): :func:`pin_inputs` reads it for the run, at its start, and records what it read, which a read
+        here would only repeat (a pool read twice)."""
         store.set_meta("settings", self.settings.model_dump(mode="json"))
         store.set_meta("method", {"name": self.method.name, "params": self.method.params.model_dump(mode="json")})
         store.set_meta("prompt_overrides", {o.name: o.sha256 for o in self.overrides})
-        store.set_meta("method_inputs", self.inputs)
+        recorded = store.get_meta("method_inputs")
+        store.set_meta("method_inputs", recorded if isinstance(recorded, dict) else {})
 
 
 def _input_changed(store: RunStore, count: str, name: str) -> InputError:
