@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 
+from conftest import run_tmas
 from tmas.grading.grades import SELECTED, Grades
 from tmas.methods.state import FallbackState, TMASState
 from tmas.reports.selection_table import chosen_accuracy
@@ -198,6 +199,18 @@ def test_a_record_no_layout_reads_is_one_line_naming_the_run_and_problem(
     message = str(caught.value)
     assert message.startswith(f"{tmp_path / 'run'}: the result of problem 'p': ") and says in message
     assert "\n" not in message
+
+
+@pytest.mark.parametrize("command", ["export", "report"])
+def test_a_record_no_layout_reads_is_said_by_the_commands_in_that_line(tmp_path: Path, command: str) -> None:
+    stored_raw(tmp_path / "run", json.dumps({"problem_id": "p"}))
+    given = ["-o", str(tmp_path / "report"), "--grade", "rules"] if command == "report" else []
+    out = run_tmas(command, str(tmp_path / "run"), *given, text=True)
+    assert out.returncode == 2
+    assert "Traceback" not in out.stderr
+    assert out.stderr.strip().splitlines()[-1] == (
+        f"tmas: error: {tmp_path / 'run'}: the result of problem 'p': unreadable at method: Field required"
+    )
 
 
 def test_an_iteration_record_round_trips_through_the_store(tmp_path: Path) -> None:

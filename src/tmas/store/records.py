@@ -32,6 +32,7 @@ from pydantic import (
 
 from tmas.answers import ExtractionSource
 from tmas.llm.types import Usage
+from tmas.store.database import StoreError
 
 ConfidenceMeasure = Literal["lowest_group", "tail", "mean"]
 CONFIDENCE_MEASURES: tuple[ConfidenceMeasure, ...] = get_args(ConfidenceMeasure)
@@ -286,8 +287,9 @@ def running_result(problem_id: str, method: str, iterations: list[IterationRecor
     )
 
 
-class UnreadableRecord(ValueError):
-    """A stored record that no layout reads (not JSON, or not a record): one line saying where and what."""
+class UnreadableRecord(StoreError, ValueError):
+    """A stored record that no layout reads (not JSON, or not a record): one line saying where and what, as every
+    command that reads the run says it."""
 
 
 _Record = TypeVar("_Record", ProblemResult, IterationRecord)
