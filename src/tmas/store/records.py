@@ -31,8 +31,8 @@ from pydantic import (
 )
 
 from tmas.answers import ExtractionSource
+from tmas.errors import TmasError
 from tmas.llm.types import Usage
-from tmas.store.database import StoreError
 
 ConfidenceMeasure = Literal["lowest_group", "tail", "mean"]
 CONFIDENCE_MEASURES: tuple[ConfidenceMeasure, ...] = get_args(ConfidenceMeasure)
@@ -287,9 +287,12 @@ def running_result(problem_id: str, method: str, iterations: list[IterationRecor
     )
 
 
-class UnreadableRecord(StoreError, ValueError):
+class UnreadableRecord(TmasError, ValueError):
     """A stored record that no layout reads (not JSON, or not a record): one line saying where and what, as every
-    command that reads the run says it."""
+    command that reads the run says it (not a :class:`tmas.store.database.StoreError`, which readers such as the
+    viewer take for a run still being created)."""
+
+    exit_code = 2
 
 
 _Record = TypeVar("_Record", ProblemResult, IterationRecord)
