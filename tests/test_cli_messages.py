@@ -439,7 +439,7 @@ def test_a_missing_config_file_named_by_the_environment_says_so(tmp_path: Path) 
     [
         ("run", "a run is kept in a directory (choose another)"),
         ("sweep", "a sweep is kept in a directory (choose another)"),
-        ("serve", "requests' runs are kept in a directory"),
+        ("serve", "requests' runs are kept in a directory (choose another)"),
     ],
 )
 def test_an_out_that_is_a_file_is_named_as_such(sim: SimServer, tmp_path: Path, command: str, what: str) -> None:
@@ -455,6 +455,25 @@ def test_an_out_that_is_a_file_is_named_as_such(sim: SimServer, tmp_path: Path, 
     assert out.returncode == 2
     assert last_line(out) == f"tmas: error: {problems}: a file, not a directory: {what}"
     assert problems.read_bytes() == before
+
+
+@pytest.mark.parametrize("command", ["run", "eval", "sweep", "serve"])
+def test_an_out_below_a_file_is_named_before_the_estimate(sim: SimServer, tmp_path: Path, command: str) -> None:
+    problems = tmp_path / "p.jsonl"
+    write_problems(problems, 1)
+    given = {
+        "run": [str(problems), "-m", "cot", "-y"],
+        "eval": [str(problems), "-m", "cot", "-y"],
+        "sweep": ["--problems", str(problems), "--no-report", "-m", "cot", "-y"],
+        "serve": ["--port", "0"],
+    }[command]
+    out = run_tmas(command, *given, "-o", str(problems / "run"), "--base-url", sim.base_url, text=True)
+    assert out.returncode == 2
+    # One line, before any estimate: the file in the way named, not the system's "Not a directory" of the path asked.
+    assert out.stderr.strip().splitlines() == [
+        f"tmas: error: {problems / 'run'}: {problems} is a file, not a directory (choose another)"
+    ]
+    assert sim.stats().total_requests == 0
 
 
 def test_a_bad_json_line_names_its_column(sim: SimServer, tmp_path: Path) -> None:

@@ -6,6 +6,10 @@ The new contents go to a hidden file beside the target (same folder, so the rena
 flushed and synced to disk, then renamed over the target, and the folder is synced so that the rename itself
 survives a power loss. A write that fails part way (an error, a full disk) removes its hidden file and leaves the
 target as it was.
+
+And where a command keeps a directory of output (a run, a sweep, a served request's runs, a report):
+:func:`check_out_dir`, before the command spends anything, so a path that cannot be one is said at once in one line
+naming it, not after an estimate, a run or its grading in the system's words about a path that does not exist.
 """
 
 from __future__ import annotations
@@ -15,6 +19,8 @@ import os
 from collections.abc import Iterator
 from pathlib import Path
 from typing import IO, Literal, overload
+
+from tmas.errors import InputError
 
 
 def sync_dir(folder: Path) -> None:
@@ -80,3 +86,19 @@ def write_atomic(path: Path, data: str | bytes) -> None:
     else:
         with replacing(path, "wb") as raw:
             raw.write(data)
+
+
+def check_out_dir(path: Path, kept: str, flag: str | None = None) -> None:
+    """:class:`InputError` naming ``path`` (after the ``flag`` that gave it, where one did) where ``kept`` ("a run is
+    kept in a directory") cannot be: a file there or above it, or a nearest existing folder this process may not
+    write in."""
+    named = f"{flag} {path}" if flag else str(path)
+    if path.exists() and not path.is_dir():
+        raise InputError(f"{named}: a file, not a directory: {kept} (choose another)")
+    existing = path
+    while not existing.exists() and existing != existing.parent:
+        existing = existing.parent
+    if not existing.is_dir():
+        raise InputError(f"{named}: {existing} is a file, not a directory (choose another)")
+    if not path.exists() and not os.access(existing, os.W_OK | os.X_OK):
+        raise InputError(f"{named}: cannot create it in {existing}: permission denied")

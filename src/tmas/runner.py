@@ -30,6 +30,7 @@ from tmas.config import (
     with_overrides,
 )
 from tmas.errors import ConfigError, InputError, LocalModelError, TmasError
+from tmas.files import check_out_dir
 from tmas.grading.judge import JUDGE_ROLE
 from tmas.llm.factory import open_model
 from tmas.llm.hf_checkpoint import check_folder
@@ -715,8 +716,7 @@ def check_new_run_dir(run_dir: Path) -> None:
     """:class:`InputError` where a new run cannot be made in ``run_dir``: a file there, or a run it holds already
     (:func:`holds_run`). :func:`prepare_run` checks it again under the run's lock; a command checks it first, before
     an estimate's pilot runs into the directory."""
-    if run_dir.exists() and not run_dir.is_dir():
-        raise InputError(f"{run_dir}: a file, not a directory: a run is kept in a directory (choose another)")
+    check_out_dir(run_dir, "a run is kept in a directory")
     if holds_run(run_dir):
         raise RunExists(run_dir)
 

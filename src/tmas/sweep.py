@@ -38,7 +38,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 
 from tmas.config import Budget, Sampling, Settings, extra_body_refusal, read_toml, validation_message
 from tmas.errors import ConfigError, InputError
-from tmas.files import write_atomic
+from tmas.files import check_out_dir, write_atomic
 from tmas.grading.grades import GradeConfig
 from tmas.llm.model import ChatModel
 from tmas.llm.sampling import with_sampling
@@ -417,8 +417,7 @@ def sweeping(out_dir: Path) -> Iterator[None]:
     directory's manifest and runs its points. Two at once would each rewrite ``sweep.json`` with its own grid, the last
     to write silently dropping the other's record, and meet in the points they share. :class:`InputError` at once,
     in one line, where another sweep holds it."""
-    if out_dir.exists() and not out_dir.is_dir():
-        raise InputError(f"{out_dir}: a file, not a directory: a sweep is kept in a directory (choose another)")
+    check_out_dir(out_dir, "a sweep is kept in a directory")
     out_dir.mkdir(parents=True, exist_ok=True)
     lock = RunLock(out_dir, doing="tmas sweep")
     try:
@@ -581,8 +580,7 @@ def check_sweep_dir(
     (:meth:`tmas.runner.RunSetup.check_resume`), whichever point of the sweep it is (``own_model``: on a model of the
     caller's own). ``tmas sweep`` checks it before its estimate, whose pilot sends calls, and :func:`prepare_sweep`
     again."""
-    if out_dir.exists() and not out_dir.is_dir():
-        raise InputError(f"{out_dir}: a file, not a directory: a sweep is kept in a directory (choose another)")
+    check_out_dir(out_dir, "a sweep is kept in a directory")
     if (out_dir / MANIFEST).exists() and read_manifest(out_dir).get("problems_digest") != _problems_digest(problems):
         raise InputError(f"{out_dir}: holds a sweep over other problems; choose another directory")
     for point in points:

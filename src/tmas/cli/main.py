@@ -49,7 +49,6 @@ from tmas.cli.options import (
     model_options,
     parse_params,
 )
-from tmas.cli.out_dirs import check_out_dir
 from tmas.cli.outcome import EXIT_ALL_FAILED, EXIT_INTERRUPTED, exit_code, failed_calls_line, failed_line
 from tmas.cli.pool import pool_app
 from tmas.cli.prompts import prompts_app
@@ -60,7 +59,7 @@ from tmas.cli.usage import ParserError, error_line
 from tmas.cli.view import VIEW_HELP, view
 from tmas.config import OverrideError, Settings, with_method_params
 from tmas.errors import InputError, TmasError
-from tmas.files import replacing
+from tmas.files import check_out_dir, replacing
 
 if TYPE_CHECKING:
     from tmas.runner import StoredProblems
@@ -550,7 +549,7 @@ def report(
     """Grade runs and write a Markdown + HTML report with per-iteration tables and plots."""
     from tmas.reports.report import build_report
 
-    check_out_dir(out, "--out", "a report")  # said before any run is graded
+    check_out_dir(out, "a report is written into a directory", "--out")  # said before any run is graded
     judging = {
         "--config": config,
         "--base-url": base_url,
@@ -601,7 +600,8 @@ def evaluate(
     grade_config = read_grade_flags(grade, judge_runs)  # bad flags fail before any model call
     check_grading_installed(grade_config)
     if report_dir is not None:
-        check_out_dir(report_dir, "--report-dir", "the report")  # said before the run, not after it
+        # Said before the run, not after it.
+        check_out_dir(report_dir, "the report is written into a directory", "--report-dir")
     from tmas.runner import StoreFailed, Unreachable
 
     report_dir = report_dir or out / "report"

@@ -15,7 +15,8 @@ from pathlib import Path
 import uvicorn
 
 from tmas.config import Settings
-from tmas.errors import ConfigError, InputError, LLMError
+from tmas.errors import ConfigError, LLMError
+from tmas.files import check_out_dir
 from tmas.llm.model import ChatModel
 from tmas.llm.provision import on_embedded_model, provisioned
 from tmas.llm.replica import list_models
@@ -125,8 +126,7 @@ async def serve(
     token = resolve_token(options)
     check_port(options.host, options.port)  # before a local model starts
     check_served_methods(settings, embedded=on_embedded_model(settings))
-    if options.serve_dir.exists() and not options.serve_dir.is_dir():
-        raise InputError(f"{options.serve_dir}: a file, not a directory: requests' runs are kept in a directory")
+    check_out_dir(options.serve_dir, "requests' runs are kept in a directory")
     options.serve_dir.mkdir(parents=True, exist_ok=True)
     async with provisioned(settings, log_dir=options.serve_dir) as live, in_process(live) as model:
         # The gauges read the runs at each scrape (the names resolve then, once both exist).
