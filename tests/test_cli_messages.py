@@ -476,6 +476,26 @@ def test_an_out_below_a_file_is_named_before_the_estimate(sim: SimServer, tmp_pa
     assert sim.stats().total_requests == 0
 
 
+@pytest.mark.parametrize("held", ["file", "run"])
+def test_a_solves_run_dir_that_cannot_be_one_is_said_before_the_estimate(
+    sim: SimServer, tmp_path: Path, held: str
+) -> None:
+    run_dir = tmp_path / "kept"
+    if held == "file":
+        run_dir.write_text("x")
+    else:
+        assert run_tmas("solve", Q, "-m", "cot", "-o", str(run_dir), "--base-url", sim.base_url).returncode == 0
+    sent = sim.stats().total_requests
+    out = run_tmas("solve", Q, "-m", "cot", "-o", str(run_dir), "--base-url", sim.base_url, text=True)
+    assert out.returncode == 2
+    said = {
+        "file": "a file, not a directory: a run is kept in a directory (choose another)",
+        "run": "already holds a run; continue it with --resume or choose another directory",
+    }[held]
+    assert out.stderr.strip().splitlines() == [f"tmas: error: {run_dir}: {said}"]
+    assert sim.stats().total_requests == sent
+
+
 def test_a_bad_json_line_names_its_column(sim: SimServer, tmp_path: Path) -> None:
     path = tmp_path / "p.jsonl"
     bad = '{"problem_id": "b", "question": "What is 1+1?", "answer": "2"'  # no closing brace: cut at its end

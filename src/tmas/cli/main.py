@@ -161,12 +161,14 @@ def solve(
     from tmas.cli.estimate import QUESTION_CONFIRM_CALLS, question_estimate
     from tmas.cli.estimate import gate as cost_gate
     from tmas.llm.types import cached_share_text
-    from tmas.runner import check_before_estimate
+    from tmas.runner import check_before_estimate, check_new_run_dir
 
     text = _read_question(question, file)
     settings = question_settings(flags.settings(method, given))
     flags.check_token_flags(settings.budget)
     check_before_estimate(settings)
+    if run_dir is not None:
+        check_new_run_dir(run_dir)  # as tmas run's, before the gate asks about a question it then refuses
     cost_gate(question_estimate(settings), gate, calls=QUESTION_CONFIRM_CALLS)
     # Said whether no endpoint is configured or --local-model / --hf-model replaced the one configured.
     if settings.uses_local_model:
