@@ -568,3 +568,29 @@ def test_a_bad_method_flag_value_names_the_flag_as_typed(
     result = CliRunner().invoke(app, args)
     assert isinstance(result.exception, InputError), result.output
     assert str(result.exception) == said
+
+
+@pytest.mark.parametrize(
+    ("toml", "said"),
+    [
+        ('[roles.verifer]\nmodel = "m"\n', "unknown role 'verifer' in [roles] (method 'tmas' takes: solution,"),
+        ('[method]\nname = "tmass"\n', "unknown method 'tmass' (known: cot, majority,"),
+        ("[method.params]\niterations = 0\n", "method 'tmas': bad value (Input should be greater than or equal to 1)"),
+        ("[method.params]\niterationz = 2\n", "method 'tmas': unknown parameter 'iterationz' (did you mean"),
+    ],
+)
+def test_what_the_working_directorys_config_file_gets_wrong_is_said_of_it(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, toml: str, said: str
+) -> None:
+    # Before, these lines named neither the file nor that a file gave them: a ./tmas.toml the command line does not
+    # show left the user looking for a flag they never typed.
+    isolate(monkeypatch, tmp_path)
+    Path("tmas.toml").write_text(toml)
+    result = CliRunner().invoke(app, ["solve", "What is 2+2?", "--base-url", "http://127.0.0.1:9/v1", "--dry-run"])
+    assert isinstance(result.exception, ConfigError), result.output
+    assert str(result.exception).startswith(f"tmas.toml: {said}")
+    # A flag that replaces what the file gives leaves nothing of it to refuse.
+    if "tmass" in toml or "iterations" in toml:
+        fixed = ["-m", "cot"] if "tmass" in toml else ["-T", "2"]
+        args = ["solve", "What is 2+2?", "--base-url", "http://127.0.0.1:9/v1", "--dry-run", *fixed]
+        assert CliRunner().invoke(app, args).exit_code == 0

@@ -126,7 +126,7 @@ def test_a_method_registered_outside_brings_its_role_and_parameters(
         line = one_line_error("solve", Q, "-c", str(config), "-m", "cot", "--base-url", sim.base_url)
     finally:
         register_method(Oracle)
-    assert line.startswith("unknown role 'oracle'")
+    assert line.startswith(f"{config}: unknown role 'oracle'")
 
 
 # ------------------------------------------------------------------------------------------------ flags

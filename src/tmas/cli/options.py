@@ -30,8 +30,17 @@ from tmas.config import (
     load_settings,
     with_method_params,
 )
-from tmas.errors import InputError
-from tmas.methods import METHODS, check_given_params, check_roles, flag_params, method_flags, method_names
+from tmas.errors import ConfigError, InputError
+from tmas.methods import (
+    METHODS,
+    check_given_params,
+    check_roles,
+    create_method,
+    flag_params,
+    method_flags,
+    method_names,
+    params_error,
+)
 from tmas.methods.param_flags import ParamFlag
 
 ConfigOpt = Annotated[Path | None, typer.Option("--config", "-c", help="TOML config file (default: ./tmas.toml).")]
@@ -165,13 +174,19 @@ class ModelFlags:
         checked against the registered methods, with the method parameters ``given`` on the command line on top."""
         with self.pool_refused():
             settings = load_settings(self.config, overrides=self.overrides(method))
-        check_roles(settings)
-        params = given.params(settings.method.name) if given is not None else {}
+        source = config_source(self.config)
+        name = settings.method.name
+        # What the config file gave ([roles.NAME], method.name, [method] params) is said of the file: it may be a
+        # ./tmas.toml the command line does not show.
+        with _said_of(source):
+            check_roles(settings)
+            if method is None and name not in METHODS:
+                create_method(name)
+        params = given.params(name) if given is not None else {}
         # The config file's own parameters, those the command line does not replace.
         configured = {key: value for key, value in settings.method.params.items() if key not in params}
-        check_given_params(
-            settings.method.name, configured, lambda param: f"{config_source(self.config)}: method.params.{param}"
-        )
+        check_given_params(name, configured, lambda param: f"{source}: method.params.{param}")
+        _check_configured(name, configured, params, source)
         return with_method_params(settings, params)
 
     def check_token_flags(self, *budgets: Budget) -> None:
@@ -355,6 +370,30 @@ class MethodFlags:
         check_given_params(method, params, lambda param: typed.get(param, f"--param {param}"), InputError)
         _check_flagged(method, params, {param: flag for param, (flag, _) in flagged.items()})
         return params
+
+
+@contextmanager
+def _said_of(source: str) -> Iterator[None]:
+    """A :class:`ConfigError` of the block said of ``source``, the config file that gave what it refuses."""
+    try:
+        yield
+    except ConfigError as exc:
+        raise ConfigError(f"{source}: {exc}") from None
+
+
+def _check_configured(method: str, configured: dict[str, Any], params: dict[str, Any], source: str) -> None:
+    """A bad value or unknown name among the config file's own parameters (``configured``), said of the file, as one
+    a flag gives is said of the flag; a check across parameters is left to the method's own check, which sees them
+    all (``params``: those the command line gives)."""
+    cls = METHODS.get(method)
+    if cls is None or not configured:
+        return
+    try:
+        cls.Params.model_validate({**configured, **params})
+    except ValidationError as exc:
+        loc = exc.errors()[0]["loc"]
+        if loc and str(loc[0]) in configured:
+            raise ConfigError(f"{source}: {params_error(cls, exc)}") from None
 
 
 def _check_flagged(method: str, params: dict[str, Any], flagged: dict[str, str]) -> None:

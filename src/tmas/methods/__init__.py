@@ -216,14 +216,19 @@ def create_method(name: str, params: dict[str, Any] | None = None, *, embedded: 
     try:
         return cls(cls.Params.model_validate(params or {}))
     except ValidationError as exc:
-        err = exc.errors()[0]
-        loc = ".".join(str(p) for p in err["loc"])
-        if err["type"] == "extra_forbidden":
-            raise ConfigError(f"method {name!r}: unknown parameter {loc!r} ({_known_params(cls, loc)})") from None
-        msg = str(err["msg"]).removeprefix("Value error, ")
-        if not loc:  # a check of the parameters together: its message names them
-            raise ConfigError(f"method {name!r}: {msg}") from None
-        raise ConfigError(f"method {name!r}: bad value ({msg}) for {loc!r}") from None
+        raise ConfigError(params_error(cls, exc)) from None
+
+
+def params_error(cls: type[Method[Any]], exc: ValidationError) -> str:
+    """The first problem of parameters ``cls`` refused, in one line naming the method and the parameter."""
+    err = exc.errors()[0]
+    loc = ".".join(str(p) for p in err["loc"])
+    if err["type"] == "extra_forbidden":
+        return f"method {cls.name!r}: unknown parameter {loc!r} ({_known_params(cls, loc)})"
+    msg = str(err["msg"]).removeprefix("Value error, ")
+    if not loc:  # a check of the parameters together: its message names them
+        return f"method {cls.name!r}: {msg}"
+    return f"method {cls.name!r}: bad value ({msg}) for {loc!r}"
 
 
 def _known_params(cls: type[Method[Any]], given: str) -> str:
