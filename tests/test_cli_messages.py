@@ -434,6 +434,13 @@ def test_a_missing_config_file_named_by_the_environment_says_so(tmp_path: Path) 
     assert out.stderr.strip().splitlines() == [f"tmas: error: {missing}: config file named by TMAS_CONFIG not found"]
 
 
+def test_a_config_file_that_is_a_directory_is_said_as_a_config_error(tmp_path: Path) -> None:
+    # Before: "tmas: error: DIR: Is a directory", exit 1, not said to be the config file.
+    out = run_tmas("solve", Q, "--dry-run", "-c", str(tmp_path), text=True)
+    assert out.returncode == 2
+    assert out.stderr.strip().splitlines() == [f"tmas: error: {tmp_path}: cannot read the config file: Is a directory"]
+
+
 @pytest.mark.parametrize(
     ("command", "what"),
     [

@@ -685,6 +685,8 @@ def read_toml(path: Path, what: str) -> dict[str, Any]:
         return tomllib.loads(path.read_text(encoding="utf-8-sig"))
     except FileNotFoundError:
         raise ConfigError(f"{path}: {what} not found") from None
+    except OSError as exc:  # a directory given for the file, a file it may not read
+        raise ConfigError(f"{path}: cannot read the {what}: {exc.strerror or exc}") from None
     except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
         raise ConfigError(f"{path}: not valid TOML: {exc}") from None
 
