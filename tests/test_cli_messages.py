@@ -28,7 +28,9 @@ from tmas.config import Settings
 from tmas.errors import ConfigError
 from tmas.llm.model import EndpointUnreachable
 from tmas.llm.preflight import check_endpoints
+from tmas.problems import Problem
 from tmas.runner import Unreachable
+from tmas.store.run_store import RunStore
 from tmas.testing import Rule, SimScript, SimServer
 from tmas.testing.script import PersonaName
 
@@ -501,6 +503,22 @@ def test_a_solves_run_dir_that_cannot_be_one_is_said_before_the_estimate(
     }[held]
     assert out.stderr.strip().splitlines() == [f"tmas: error: {run_dir}: {said}"]
     assert sim.stats().total_requests == sent
+
+
+@pytest.mark.parametrize("left", ["empty", "problems"])
+def test_a_report_of_a_run_that_never_began_says_so(tmp_path: Path, left: str) -> None:
+    # What a run killed before its first call leaves: an empty store file, or its problems without its setup.
+    # Before, the report was written, of a run of method '?' whose problems were "unlabeled".
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    (run_dir / "run.sqlite").write_bytes(b"")
+    if left == "problems":
+        with RunStore(run_dir) as store:
+            store.add_problems([Problem(problem_id="p1", question="What is 1+1?", answer="2")])
+    out = run_tmas("report", str(run_dir), "-o", str(tmp_path / "report"), "--grade", "rules", text=True)
+    assert out.returncode == 2
+    assert last_line(out) == f"tmas: error: {run_dir}: holds no run to report: it was stopped before its first call"
+    assert not (tmp_path / "report").exists()
 
 
 def test_a_bad_json_line_names_its_column(sim: SimServer, tmp_path: Path) -> None:

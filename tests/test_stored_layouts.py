@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 
 from conftest import run_tmas
+from tmas.config import Settings
 from tmas.grading.grades import SELECTED, Grades
 from tmas.methods.state import FallbackState, TMASState
 from tmas.reports.selection_table import chosen_accuracy
@@ -204,6 +205,8 @@ def test_a_record_no_layout_reads_is_one_line_naming_the_run_and_problem(
 @pytest.mark.parametrize("command", ["export", "report"])
 def test_a_record_no_layout_reads_is_said_by_the_commands_in_that_line(tmp_path: Path, command: str) -> None:
     stored_raw(tmp_path / "run", json.dumps({"problem_id": "p"}))
+    with RunStore(tmp_path / "run") as store:
+        store.set_meta("settings", Settings().model_dump(mode="json"))  # a run that began
     given = ["-o", str(tmp_path / "report"), "--grade", "rules"] if command == "report" else []
     out = run_tmas(command, str(tmp_path / "run"), *given, text=True)
     assert out.returncode == 2

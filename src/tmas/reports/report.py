@@ -64,7 +64,7 @@ from tmas.reports.reply_quality import reply_quality_section, role_replies
 from tmas.reports.roc import ScoreSeparation, confidence_separation, score_separation
 from tmas.reports.selection_table import SelectionTable, has_scores, selection_table
 from tmas.reports.where_lost import WhereLost, where_lost, where_lost_section
-from tmas.store.run_store import RunStore
+from tmas.store.run_store import RunStore, StoreError
 
 # At most this many columns in the "selected iterations" table (the paper shows six).
 SELECTED_COLUMNS = 6
@@ -212,6 +212,10 @@ async def evaluate_run(
     ``on_read`` hears, before the run's results are read, whether it is graded now and, where it never is, why."""
     with RunStore(run_dir, create=False) as store:
         setup = StoredSetup.read(store)
+        if store.get_meta("settings") is None and not store.call_counts()["calls"]:
+            # A store a run left before its setup and first call (stopped while it stored its problems, or an empty
+            # file): a report of it would show a run of no method, "unlabeled", for a run that never began.
+            raise StoreError(f"{run_dir}: holds no run to report: it was stopped before its first call")
         problems = store.problems()
         if on_read is not None:
             never = _never_graded(setup, problems)
