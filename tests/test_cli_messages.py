@@ -521,6 +521,21 @@ def test_a_report_of_a_run_that_never_began_says_so(tmp_path: Path, left: str) -
     assert not (tmp_path / "report").exists()
 
 
+def test_a_grid_file_of_no_study_is_said_of_the_file_before_the_estimate(sim: SimServer, tmp_path: Path) -> None:
+    # Before: an estimate of 0 calls (a dry run ended there, exit 0), then "the sweep has no points", of no file.
+    problems = tmp_path / "p.jsonl"
+    write_problems(problems, 1)
+    grid = tmp_path / "grid.toml"
+    grid.write_text(f'problems = "{problems}"\n')
+    for given in (["-y"], ["--dry-run"]):
+        out = run_tmas("sweep", str(grid), "-o", str(tmp_path / "sweep"), "--base-url", sim.base_url, *given, text=True)
+        assert out.returncode == 2
+        assert out.stderr.strip().splitlines() == [
+            f"tmas: error: {grid}: no [[study]] table: the sweep has no points (add a [[study]])"
+        ]
+    assert not (tmp_path / "sweep").exists()
+
+
 def test_a_bad_json_line_names_its_column(sim: SimServer, tmp_path: Path) -> None:
     path = tmp_path / "p.jsonl"
     bad = '{"problem_id": "b", "question": "What is 1+1?", "answer": "2"'  # no closing brace: cut at its end

@@ -398,7 +398,10 @@ def _keep_older_names(points: dict[str, SweepPoint], spellings: dict[str, list[d
 
 
 def check_studies(spec: SweepSpec, path: Path) -> None:
-    """Every point of a grid file's studies valid (:func:`expand`), or one line naming the file and the study."""
+    """Every point of a grid file's studies valid (:func:`expand`), or one line naming the file and the study; a file
+    of no study is said of the file, before an estimate of no calls."""
+    if not spec.study:
+        raise ConfigError(f"{path}: no [[study]] table: the sweep has no points (add a [[study]])")
     for study in spec.study:
         try:
             expand(SweepSpec(study=[study]))
