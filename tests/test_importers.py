@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import clean_env
+from conftest import clean_env, run_tmas
 from tmas.answer_rules import check_pair
 from tmas.data.importers import import_problems, write_problems
 from tmas.errors import InputError
@@ -299,6 +299,25 @@ def test_cli_import_writes_problems_tmas_reads(tmp_path: Path) -> None:
     bad = subprocess.run([*run, "aime", str(src), "-o", str(tmp_path / "x.jsonl")], capture_output=True, env=env)
     assert bad.returncode != 0
     assert bad.stderr.decode().strip() == "tmas: error: unknown source 'aime'; known: hle, imo-answerbench, matharena"
+
+
+@pytest.mark.parametrize("out", ["itself", "a folder"])
+def test_an_out_that_is_the_download_or_a_folder_is_refused_before_anything_is_written(
+    tmp_path: Path, out: str
+) -> None:
+    # Before: the download was replaced by its conversion (its other fields lost), or "DIR: Is a directory", exit 1.
+    src = write_jsonl(tmp_path / "hle.jsonl", HLE_ROWS)
+    before = src.read_bytes()
+    target = src if out == "itself" else tmp_path
+    done = run_tmas("data", "import", "hle", str(src), "-o", str(target), text=True)
+    assert done.returncode == 2
+    said = (
+        "is the file being imported: write the problems to another file"
+        if out == "itself"
+        else ("is a directory: give the file to write")
+    )
+    assert done.stderr.strip().splitlines() == [f"tmas: error: --out {target} {said}"]
+    assert src.read_bytes() == before
 
 
 def test_a_directory_or_a_missing_file_is_named_as_such(tmp_path: Path) -> None:

@@ -152,6 +152,11 @@ def data_import(
 
     if source not in LAYOUTS:
         raise InputError(f"unknown source {source!r}; known: {', '.join(LAYOUTS)}")
+    if out.is_dir():
+        raise InputError(f"--out {out} is a directory: give the file to write")
+    if out.exists() and out.resolve() == file.resolve():
+        # The download would be replaced by its conversion, the fields this import leaves out lost with it.
+        raise InputError(f"--out {out} is the file being imported: write the problems to another file")
     records = import_problems(file, source, keep_all=keep_all)
     write_problems(records, out)
     typer.echo(f"wrote {len(records)} problems to {out}")
