@@ -175,6 +175,12 @@ def test_build_data_reads_only_runs_of_a_method_that_keeps_banks(tmp_path: Path)
         store.set_meta("method", {"name": "cot", "params": {}})
     with pytest.raises(InputError, match="method 'cot' keeps no experience or guideline banks"):
         build_dataset([tmp_path / "cot-run"])
+    # A store a run left before its setup: said so, not as a run of "method None".
+    (tmp_path / "never-began").mkdir()
+    (tmp_path / "never-began" / "run.sqlite").write_bytes(b"")
+    with pytest.raises(InputError) as caught:
+        build_dataset([tmp_path / "never-began"])
+    assert str(caught.value) == f"{tmp_path / 'never-began'}: holds no run: it was stopped before its first call"
 
 
 def test_mix_targets_by_hand() -> None:

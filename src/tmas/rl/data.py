@@ -364,6 +364,9 @@ def _bank_method(store: RunStore, run_dir: Path) -> tuple[BankPrompts, Settings 
     """The run's method, made with its stored parameters, and its stored settings: a method that builds the prompts
     RL trains on (one that keeps TMAS's banks), with numeric answers, its prompt overrides as the run had them."""
     stored = store.get_meta("method") or {}
+    if not stored:
+        # What a run leaves before its setup (an empty store file, its problems alone): no run, not one of method None.
+        raise InputError(f"{run_dir}: holds no run: it was stopped before its first call")
     name = str(stored.get("name"))
     cls = METHODS.get(name)
     if cls is None or not issubclass(cls, BankPrompts):
