@@ -32,7 +32,8 @@ def test_lines_and_their_places_come_in_order_blank_ones_skipped(tmp_path: Path)
         (b'{"a": "open', "r.jsonl:2: not valid JSON: Unterminated string starting at column 7$"),
         (b"[1]", "r.jsonl:2: expected a JSON object, got list"),
         (b'{"a": "\xe9"}', "r.jsonl:2: not valid UTF-8"),
-        (b'\xef\xbb\xbf{"a": 2}', "r.jsonl:2: not valid JSON"),  # a byte-order mark leads the file only
+        # A byte-order mark leads the file only (json's own words were "decode using utf-8-sig").
+        (b'\xef\xbb\xbf{"a": 2}', r"r.jsonl:2: a byte-order mark \(U\+FEFF\) begins the line, where only the file's"),
         (b'{"a": ' + b"9" * 5000 + b"}", "r.jsonl:2: JSON this reader does not take: Exceeds the limit"),
         (b'{"a": ' + b"[" * 100_000 + b"]" * 100_000 + b"}", "r.jsonl:2: JSON this reader does not take: maximum"),
         (b'{"a": "x \\ud800"}', "r.jsonl:2: a .u escape of half a UTF-16 surrogate pair"),
@@ -46,6 +47,24 @@ def test_a_bad_line_is_named_or_skipped_when_lenient(tmp_path: Path, line: bytes
     with pytest.raises(InputError, match=message):
         list(read_objects(path))
     assert [record for _, _, record in read_objects(path, lenient=True)] == [{"a": 1}, {"a": 3}]
+
+
+def test_lines_ended_by_a_carriage_return_alone_are_said_so(tmp_path: Path) -> None:
+    # Before: "r.jsonl:1: not valid JSON: Extra data at column 9", of a file whose every line is valid.
+    path = tmp_path / "r.jsonl"
+    path.write_bytes(b'{"a": 1}\r{"a": 2}\r')
+    with pytest.raises(InputError) as caught:
+        list(read_objects(path))
+    assert str(caught.value) == (
+        f"{path}:1: lines end in a carriage return alone (CR): save the file with LF or CRLF line ends"
+    )
+    # CRLF line ends, and a CR inside an object (JSON whitespace), read as before.
+    path.write_bytes(b'{"a": 1}\r\n{"a":\r 2}\r\n')
+    assert [record for _, _, record in read_objects(path)] == [{"a": 1}, {"a": 2}]
+    # A bad line of a CRLF file is said as any bad line.
+    path.write_bytes(b'{"a": 1}\r\n{"a":\r }\r\n')
+    with pytest.raises(InputError, match=r"r.jsonl:2: not valid JSON: Expecting value at column 8$"):
+        list(read_objects(path))
 
 
 def test_an_escaped_surrogate_pair_is_one_character(tmp_path: Path) -> None:

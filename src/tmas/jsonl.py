@@ -89,6 +89,17 @@ def _object(raw: bytes, where: str) -> dict[str, Any] | None:
         # {"answer": "2", ..., "answer": "3"}: which one the file means is not said.
         raise InputError(f"{where}: field {exc.key!r} is given twice in one object") from None
     except json.JSONDecodeError as exc:
+        if line.startswith("\ufeff"):
+            # json's own words ("decode using utf-8-sig") are advice to a Python programmer.
+            raise InputError(
+                f"{where}: a byte-order mark (U+FEFF) begins the line, where only the file's first line may have one"
+                " (files joined together?): remove it"
+            ) from None
+        if "\r" in line and not raw.endswith(b"\n"):
+            # Lines ended by CR alone (classic Mac OS) read as one line: json would say "Extra data" of the second.
+            raise InputError(
+                f"{where}: lines end in a carriage return alone (CR): save the file with LF or CRLF line ends"
+            ) from None
         # Some of json's messages end in "at" already ("Unterminated string starting at").
         raise InputError(f"{where}: not valid JSON: {exc.msg.removesuffix(' at')} at column {exc.colno}") from None
     except (ValueError, RecursionError) as exc:  # an integer of thousands of digits; arrays nested past the stack
