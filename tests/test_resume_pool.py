@@ -13,7 +13,7 @@ import pytest
 from conftest import scripted_settings
 from scripted_runs import scripted_run
 from tmas.errors import InputError
-from tmas.memory.embedders import EndpointEmbedder
+from tmas.memory.embedders import LOCAL_NAME, EndpointEmbedder
 from tmas.memory.pool import Pool
 from tmas.memory.pool_entry import PoolEntry
 from tmas.problems import Problem
@@ -226,3 +226,12 @@ async def test_a_run_reads_its_pool_once_at_its_start(tmp_path: Path, monkeypatc
     opened.clear()
     await scripted_run(model_for(pool), run_dir)
     assert opened == [pool]
+
+
+def test_a_run_on_the_local_embedder_records_it_as_its_embedding_model(tmp_path: Path) -> None:
+    params = {"iterations": 1, "team_size": 2, "pool": str(tmp_path / "pool"), "embedder": "local"}
+    before = scripted_settings(method={"name": "mattrl", "params": params})
+    after = scripted_settings(method={"name": "mattrl", "params": params}, roles={"embedding": {"model": "other"}})
+    asked = [RunSetup.check(s).requests(s, {}) for s in (before, after)]
+    # The endpoint's embedding model sends nothing on the local embedder: it is neither named nor a change.
+    assert asked[0]["embedding model"] == asked[1]["embedding model"] == LOCAL_NAME

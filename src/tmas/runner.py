@@ -42,6 +42,7 @@ from tmas.llm.routes import DEFAULT_MODEL
 from tmas.llm.sampling import resolve_role
 from tmas.llm.types import Lane
 from tmas.llm.weights import check_model_named
+from tmas.memory.embedders import LOCAL, LOCAL_NAME
 from tmas.methods import METHODS, check_given_params, check_roles, create_method
 from tmas.methods.base import (
     BudgetExhausted,
@@ -352,6 +353,9 @@ class RunSetup:
         for role in self.method.traits.roles:
             override = settings.roles.get(role)
             asked[f"{role} model"] = (override.model if override else None) or settings.endpoint.model
+            if role == "embedding" and getattr(self.method.params, "embedder", None) == LOCAL:
+                # The vectors come from the embedder in process: no call of the role goes to an endpoint.
+                asked[f"{role} model"] = LOCAL_NAME
             preset, own = self.method.params.sampling_layers(role)
             sampling = resolve_role(settings, role, preset=preset, method=own).sampling
             for name, value in sampling.model_dump(mode="json", exclude_defaults=True).items():
