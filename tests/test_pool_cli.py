@@ -243,6 +243,13 @@ def test_flags_a_pool_command_reads_nothing_of_are_refused_before_any_call(tmp_p
     assert not (tmp_path / "pool").exists()
 
 
+def test_an_unknown_embedder_is_refused_naming_the_flag_and_the_choices(tmp_path: Path) -> None:
+    pool = tmp_path / "pool"
+    out = CliRunner().invoke(app, ["pool", "build", str(tmp_path / "run"), "-o", str(pool), "--embedder", "foo"])
+    assert out.exit_code != 0 and str(out.exception) == "--embedder foo: Input should be 'endpoint' or 'local'"
+    assert not pool.exists()
+
+
 @pytest.mark.parametrize(
     ("given", "said"),
     [

@@ -47,7 +47,7 @@ from tmas.llm.factory import open_model
 from tmas.llm.model import ChatModel
 from tmas.llm.sampling import resolve_role, retried
 from tmas.llm.types import CallKey, Message
-from tmas.memory.embedders import ENDPOINT, LOCAL, Embedder, embedder_for
+from tmas.memory.embedders import Embedder, embedder_for
 from tmas.memory.pool import META, Pool
 from tmas.memory.pool_entry import PoolEntry
 from tmas.pool.credit import (
@@ -111,7 +111,7 @@ class BuildConfig(BaseModel):
     grade_mode: GradeMode = "combined"
     # Medicine's G: gold names matched by spelling, then by the diagnosis judge (A.5 rules) for the rest.
     match: DiagnosisMatch = "judge"
-    embedder: str = "endpoint"
+    embedder: Literal["endpoint", "local"] = "endpoint"
     seed: int = 0
 
 
@@ -466,8 +466,8 @@ async def build_pool(
 
 def check_pool_target(pool_path: Path, config: BuildConfig, run_dirs: Sequence[Path]) -> None:
     """What :func:`_add_to_pool` would find wrong at the end, found now: a path that is no directory, or that is one
-    of the runs read or another run's directory (the pool's files would be mixed into the run's), an embedder tmas
-    does not know, a pool that cannot be read or that another embedder made."""
+    of the runs read or another run's directory (the pool's files would be mixed into the run's), a pool that cannot
+    be read or that another embedder made."""
     if pool_path.exists() and not pool_path.is_dir():
         raise InputError(f"-o {pool_path}: a file, not a pool directory")
     own = "give the pool a directory of its own"
@@ -475,8 +475,6 @@ def check_pool_target(pool_path: Path, config: BuildConfig, run_dirs: Sequence[P
         raise InputError(f"-o {pool_path}: one of the runs the build reads; {own}")
     if (pool_path / DB_NAME).exists():
         raise InputError(f"-o {pool_path}: a run directory (it holds {DB_NAME}); {own}")
-    if config.embedder not in (ENDPOINT, LOCAL):
-        raise ConfigError(f"unknown embedder {config.embedder!r} (known: {ENDPOINT}, {LOCAL})")
     if (pool_path / META).exists():
         pool = Pool.open(pool_path)
         made_by = pool.meta.embedder.split(":", 1)[0]
