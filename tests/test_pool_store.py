@@ -16,6 +16,8 @@ from typer.testing import CliRunner
 
 from conftest import scripted_settings, settings_for
 from tmas.cli.main import app
+from tmas.config import Settings
+from tmas.llm.client import LLMClient
 from tmas.memory.embedders import LOCAL_NAME, EndpointEmbedder, LocalEmbedder
 from tmas.memory.pool import Pool, PoolError, PoolMeta
 from tmas.memory.pool_entry import PoolEntry
@@ -519,3 +521,26 @@ async def test_the_endpoint_embedder_stays_under_an_apis_cap_on_inputs_per_reque
     assert sizes == [EMBED_BATCH, EMBED_BATCH, 5]
     expected = np.asarray(alone) / np.linalg.norm(alone, axis=1, keepdims=True)
     assert np.allclose(pool.vectors[[-1, EMBED_BATCH]], expected, atol=1e-6)
+
+
+def test_a_pool_of_an_unnamed_embedding_model_records_the_served_one_and_refuses_another(tmp_path: Path) -> None:
+    pool_path = tmp_path / "pool"
+
+    async def build(settings: Settings) -> None:
+        async with LLMClient(settings) as llm:
+            embed = EndpointEmbedder(llm)
+            pool = Pool.create(pool_path, embed.name)
+            await pool.add([PoolEntry(id="e0", action="Reduce mod 9", experience="Digit sums keep residues.")], embed)
+            pool.save()
+
+    with SimServer(SimScript(model="embed-a")) as first:
+        asyncio.run(build(settings_for(first, endpoint__model=None)))
+    assert Pool.open(pool_path).meta.embedder == "endpoint:embed-a"
+    with SimServer(SimScript(model="embed-b")) as second:
+        found = CliRunner().invoke(app, ["experience", "search", str(pool_path), "x", "--base-url", second.base_url])
+        # The query was embedded (that reply says the model), and nothing was compared against the pool's vectors.
+        assert len(second.requests) == 1
+    assert found.exit_code != 0
+    assert str(found.exception) == (
+        f"{pool_path}: pool built with embedding model 'endpoint:embed-a', but 'endpoint:embed-b' is configured"
+    )

@@ -38,7 +38,7 @@ from tmas.llm.replies import completion as read_completion
 from tmas.llm.replies import discarded as discarded_usage
 from tmas.llm.replies import reasoning_place, reply_texts, vectors
 from tmas.llm.retry import Attempts, RetryPolicy
-from tmas.llm.routes import Route, Routes
+from tmas.llm.routes import DEFAULT_MODEL, Route, Routes
 from tmas.llm.sampling import ResolvedSampling, resolve_role
 from tmas.llm.stream import PARTIAL
 from tmas.llm.tokens import TokenCounter
@@ -73,6 +73,8 @@ class LLMClient:
         self.policy = RetryPolicy(settings.retry, rng or random.Random())
         self._cap = asyncio.Semaphore(settings.concurrency)
         self._routes = Routes(settings, downgrade_log.servers() if downgrade_log is not None else {})
+        # Role -> the model its last embeddings reply said served it: the model of a role that names none.
+        self._embedded_by: dict[str, str] = {}
         self._session: aiohttp.ClientSession | None = None
         self._batcher = SampleBatcher(self._send_samples)
         # Background looks at replicas out of routing, by URL (at most one each).
@@ -117,7 +119,7 @@ class LLMClient:
         return route.endpoint.context_length or (min(known) if known else None)
 
     def model_name(self, role: str) -> str:
-        return self.route(role).endpoint.model or "default"
+        return self.route(role).endpoint.model or self._embedded_by.get(role, DEFAULT_MODEL)
 
     async def chat(
         self,
@@ -199,7 +201,10 @@ class LLMClient:
             try:
                 data = await self._post(route, replica, body, CallKey(role=role), Timing(), path="embeddings")
                 self.stats.embedding_calls += 1
-                return vectors(data, len(texts))
+                found = vectors(data, len(texts))
+                if isinstance(served := data.get("model"), str) and served:
+                    self._embedded_by[role] = served
+                return found
             except Failure as failure:
                 if self._moved_on(route, replica, failure, attempts, refused):
                     continue

@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Protocol
 
 from tmas.errors import ConfigError
 from tmas.llm.model import ChatModel
+from tmas.llm.routes import DEFAULT_MODEL
 
 if TYPE_CHECKING:  # numpy and the weights: imported where the local embedder is made
     from tmas.memory.minilm import MiniLM
@@ -24,13 +25,16 @@ if TYPE_CHECKING:  # numpy and the weights: imported where the local embedder is
 LOCAL = "local"
 ENDPOINT = "endpoint"
 LOCAL_NAME = "local:all-MiniLM-L6-v2"
+# An endpoint embedder whose role names no model, before a reply has said which model served it.
+UNNAMED = f"{ENDPOINT}:{DEFAULT_MODEL}"
 # The most texts one /v1/embeddings request carries: hosted APIs cap a request's inputs (OpenAI at 2,048, and its
 # tokens at 300k), and a build embeds every new entry at once.
 EMBED_BATCH = 256
 
 
 class Embedder(Protocol):
-    name: str
+    @property
+    def name(self) -> str: ...
 
     async def __call__(self, texts: Sequence[str]) -> list[list[float]]: ...
 
@@ -41,7 +45,12 @@ class EndpointEmbedder:
     def __init__(self, llm: ChatModel, role: str = "embedding") -> None:
         self.llm = llm
         self.role = role
-        self.name = f"{ENDPOINT}:{llm.model_name(role)}"
+
+    @property
+    def name(self) -> str:
+        """``endpoint:<model>``: the model the role names, else the one that served its last embeddings (the reply
+        says), :data:`UNNAMED` before the first."""
+        return f"{ENDPOINT}:{self.llm.model_name(self.role)}"
 
     async def __call__(self, texts: Sequence[str]) -> list[list[float]]:
         """The vectors of ``texts``, in order, asked :data:`EMBED_BATCH` at a time."""

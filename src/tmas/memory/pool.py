@@ -32,6 +32,7 @@ from pydantic import BaseModel, Field, ValidationError
 
 from tmas.errors import InputError, first_error
 from tmas.files import replacing, sync_dir
+from tmas.memory.embedders import UNNAMED
 from tmas.memory.pool_entry import PoolEntry
 
 EmbedFn = Callable[[Sequence[str]], Awaitable[list[list[float]]]]
@@ -182,7 +183,11 @@ class Pool:
         cls._read_meta(path, _current(path)[META])
 
     def check_embedder(self, embedder_name: str) -> None:
-        """An error unless the pool was built with the embedding model ``embedder_name``."""
+        """An error unless the pool was built with the embedding model ``embedder_name``. Where either is an endpoint's
+        model not known yet (:data:`UNNAMED`: its role names none), the first embedding's reply says (:meth:`_embed`);
+        a pool saved so before tmas recorded the served model is never known."""
+        if UNNAMED in (embedder_name, self.meta.embedder):
+            return
         if embedder_name != self.meta.embedder:
             raise PoolError(
                 f"{self.path}: pool built with embedding model {self.meta.embedder!r}, "
@@ -374,7 +379,13 @@ class Pool:
             self.entries[i] = entry
 
     async def _embed(self, texts: list[str], embed: EmbedFn, what: str) -> np.ndarray:
-        vectors = normalized(await embed(texts), f"{self.path}: embeddings of the {what}")
+        raw = await embed(texts)
+        served = getattr(embed, "name", None)
+        if isinstance(served, str) and self.meta.embedder == UNNAMED and not self.entries:
+            self.meta.embedder = served  # a new pool's model, as its first embedding's reply named it
+        elif isinstance(served, str):
+            self.check_embedder(served)
+        vectors = normalized(raw, f"{self.path}: embeddings of the {what}")
         if len(vectors) != len(texts):
             raise PoolError(f"{self.path}: the embedder gave {len(vectors)} vectors for {len(texts)} {what}")
         dim = int(vectors.shape[1])
