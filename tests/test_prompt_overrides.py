@@ -17,7 +17,7 @@ from tmas.cli.main import app
 from tmas.config import load_settings
 from tmas.errors import ConfigError
 from tmas.store.run_store import RunStore
-from tmas.testing import ScriptedModel, SimScript
+from tmas.testing import ScriptedModel, SimScript, SimServer
 
 MARK = "ZQX-OVERRIDE-MARK"
 
@@ -212,3 +212,43 @@ def test_every_packaged_template_passes_the_check_as_its_own_override(tmp_path: 
     for name in packaged_names():
         write(tmp_path / "all", name, packaged_source(name))
     assert len(check_overrides(tmp_path / "all")) == len(packaged_names())
+
+
+@pytest.mark.parametrize("command", ["eval", "data filter", "pool build", "report"])
+def test_a_judge_template_override_is_refused_by_every_command_that_grades(
+    sim: SimServer, tmp_path: Path, command: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Before, judge_user.j2 in the prompts folder was accepted and read by nothing: every grading rendered the packaged
+    # judge, and the run's verdicts were not the ones the user had written the judge for.
+    path = write(tmp_path / "mine", "judge_user.j2", packaged_source("judge_user.j2") + f"\n{MARK}\n")
+    problems = write(tmp_path, "p.jsonl", '{"id": "p0", "question": "What is 17*23?", "answer": "391"}\n')
+    out = tmp_path / "out"
+    given = {
+        "eval": ["eval", str(problems), "-o", str(out), "-m", "cot", "--prompts-dir", str(path.parent)],
+        "data filter": ["data", "filter", str(problems), "-o", str(out), "--prompts-dir", str(path.parent)],
+        "pool build": ["pool", "build", str(tmp_path / "run"), "-o", str(out), "--prompts-dir", str(path.parent)],
+        # The config's or the environment's folder: the report has no flag of its own for it.
+        "report": ["report", str(tmp_path / "run"), "-o", str(out)],
+    }[command]
+    monkeypatch.setenv("TMAS_PROMPTS_DIR", str(path.parent))
+    result = CliRunner().invoke(app, [*given, "--base-url", sim.base_url])
+    assert isinstance(result.exception, ConfigError) and str(result.exception) == (
+        f"{path}: grading always renders the packaged judge_user.j2 (a run's verdicts are stored and reused by its"
+        " later gradings and reports); take it out of the prompts folder"
+    )
+    assert sim.requests == [] and not out.exists()
+
+
+def test_the_prompts_commands_say_which_templates_grading_renders(tmp_path: Path) -> None:
+    cli = CliRunner()
+    listed = cli.invoke(app, ["prompts", "list"])
+    assert "judge_user.j2  (grading: always the packaged one)\n" in listed.output
+    assert "tmas_verify.j2\n" in listed.output
+    shown = cli.invoke(app, ["prompts", "show", "judge_user"])
+    assert shown.exit_code == 0 and shown.stdout == packaged_source("judge_user.j2")
+    assert shown.stderr == (
+        "tmas: judge_user.j2 is a grading template: every grading renders the packaged one, and refuses an override\n"
+    )
+    write(tmp_path / "mine", "judge_user.j2", packaged_source("judge_user.j2"))
+    diffed = cli.invoke(app, ["prompts", "diff", str(tmp_path / "mine")])
+    assert isinstance(diffed.exception, ConfigError) and "grading always renders" in str(diffed.exception)

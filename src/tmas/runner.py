@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 from pydantic import ValidationError
 
-from tmas.agents.overrides import Override, check_overrides
+from tmas.agents.overrides import Override, check_not_grading, check_overrides
 from tmas.agents.templates import prompts_from
 from tmas.config import (
     Budget,
@@ -1034,10 +1034,11 @@ def check_before_estimate(settings: Settings) -> None:
     """What every command that sends calls checks of its settings before its cost estimate, so that an estimate (a
     dry run's success, the gate's question) is never said of calls that could not start: a model tmas would run
     itself that names nothing there (:func:`check_embedded_model`), and a ``prompts_dir`` (``--prompts-dir``) that is
-    no folder or holds an override that does not render (:func:`tmas.agents.overrides.check_overrides`)."""
+    no folder or holds an override that does not render (:func:`tmas.agents.overrides.check_overrides`) or that
+    replaces a template grading renders (:func:`tmas.agents.overrides.check_not_grading`)."""
     check_embedded_model(settings)
     if settings.prompts_dir:
-        check_overrides(settings.prompts_dir)
+        check_not_grading(check_overrides(settings.prompts_dir))
 
 
 def run_method(settings: Settings, *, own_model: bool = False) -> Method[Any]:

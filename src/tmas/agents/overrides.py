@@ -28,6 +28,12 @@ from tmas.errors import ConfigError
 SUFFIX = ".j2"
 
 
+# The templates grading renders (the answer judge, the diagnosis judge): always the packaged ones. A run's verdicts are
+# stored with it and reused by every later grading of it and its reports, so a judge of a user's own would grade some
+# of its answers one way and the rest another.
+GRADING_TEMPLATES = frozenset({"judge_system.j2", "judge_user.j2", "judge_diagnosis.j2"})
+
+
 @dataclass(frozen=True)
 class Override:
     """One template of ``prompts_dir`` that replaces the packaged one of the same name."""
@@ -149,6 +155,17 @@ def check_overrides(prompts_dir: str | Path) -> list[Override]:
         overrides.append(Override(name, path, hashlib.sha256(path.read_bytes()).hexdigest()))
     for override in overrides:
         _check_rendering(env, override)
+    return overrides
+
+
+def check_not_grading(overrides: list[Override]) -> list[Override]:
+    """``overrides``, a one-line :class:`ConfigError` where one replaces a template grading renders."""
+    for override in overrides:
+        if override.name in GRADING_TEMPLATES:
+            raise ConfigError(
+                f"{override.path}: grading always renders the packaged {override.name} (a run's verdicts are stored"
+                " and reused by its later gradings and reports); take it out of the prompts folder"
+            )
     return overrides
 
 

@@ -562,6 +562,11 @@ def report(
         # They name the judge, which stored grades do not ask: read by nothing, they would be dropped without a word.
         raise InputError(f"{', '.join(unread)}: --no-grade reads stored grades and asks no judge; leave them out")
     settings = _judge_settings(ModelFlags(config=config, base_url=base_url).settings(), judge_base_url, judge_model)
+    if settings is not None and settings.prompts_dir and not no_grade:
+        # The config's or TMAS_PROMPTS_DIR's folder: the judge's templates there would be read by nothing.
+        from tmas.agents.overrides import check_not_grading, check_overrides
+
+        check_not_grading(check_overrides(settings.prompts_dir))
     grade_config = read_report_grade_flags(grade, judge_runs, no_grade=no_grade)
     if grade_config is not None and not no_grade:
         check_grading_installed(grade_config)  # a missing extra said before any step starts

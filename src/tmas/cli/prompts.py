@@ -24,12 +24,19 @@ def list_templates(
     ] = None,
 ) -> None:
     """Every packaged template with the variables it is rendered with (partials, included by others, start
-    with '_')."""
-    from tmas.agents.overrides import check_overrides, given_variables, packaged_names
+    with '_'); those grading renders are always the packaged ones."""
+    from tmas.agents.overrides import (
+        GRADING_TEMPLATES,
+        check_not_grading,
+        check_overrides,
+        given_variables,
+        packaged_names,
+    )
 
-    overridden = {o.name for o in check_overrides(prompts_dir)} if prompts_dir is not None else set()
+    overridden = {o.name for o in check_not_grading(check_overrides(prompts_dir))} if prompts_dir else set()
     for name in packaged_names():
         mark = "  (overridden)" if name in overridden else ""
+        mark = "  (grading: always the packaged one)" if name in GRADING_TEMPLATES else mark
         typer.echo(f"{name}{mark}\n    variables: {', '.join(sorted(given_variables(name))) or '-'}")
 
 
@@ -37,18 +44,22 @@ def list_templates(
 def show(
     name: Annotated[str, typer.Argument(help="A template name, e.g. tmas_verify.j2 ('.j2' may be left out).")],
 ) -> None:
-    """Print a packaged template, to start an override from."""
-    from tmas.agents.overrides import SUFFIX, packaged_source
+    """Print a packaged template, to start an override from (not one grading renders: always the packaged one)."""
+    from tmas.agents.overrides import GRADING_TEMPLATES, SUFFIX, packaged_source
 
-    typer.echo(packaged_source(name if name.endswith(SUFFIX) else name + SUFFIX), nl=False)
+    name = name if name.endswith(SUFFIX) else name + SUFFIX
+    typer.echo(packaged_source(name), nl=False)
+    if name in GRADING_TEMPLATES:
+        said = "every grading renders the packaged one, and refuses an override"
+        typer.echo(f"tmas: {name} is a grading template: {said}", err=True)
 
 
 @prompts_app.command("diff")
 def diff(prompts_dir: Annotated[Path, typer.Argument(help="A folder of override templates (NAME.j2).")]) -> None:
     """Check every override in PROMPTS_DIR (as a run does at start) and show how each differs from ours."""
-    from tmas.agents.overrides import check_overrides, override_diff
+    from tmas.agents.overrides import check_not_grading, check_overrides, override_diff
 
-    overrides = check_overrides(prompts_dir)
+    overrides = check_not_grading(check_overrides(prompts_dir))
     if not overrides:
         typer.echo(f"{prompts_dir}: no override templates (*.j2)")
     for override in overrides:
