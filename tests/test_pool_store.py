@@ -15,6 +15,7 @@ import pytest
 from typer.testing import CliRunner
 
 from conftest import scripted_settings, settings_for
+from tmas.api import asolve
 from tmas.cli.main import app
 from tmas.config import Settings
 from tmas.llm.client import LLMClient
@@ -544,3 +545,23 @@ def test_a_pool_of_an_unnamed_embedding_model_records_the_served_one_and_refuses
     assert str(found.exception) == (
         f"{pool_path}: pool built with embedding model 'endpoint:embed-a', but 'endpoint:embed-b' is configured"
     )
+
+
+def test_a_mattrl_run_on_a_server_of_another_embedding_model_than_its_unnamed_pool_is_refused(tmp_path: Path) -> None:
+    pool_path = tmp_path / "pool"
+
+    async def build(settings: Settings) -> None:
+        async with LLMClient(settings) as llm:
+            embed = EndpointEmbedder(llm)
+            pool = Pool.create(pool_path, embed.name)
+            await pool.add([PoolEntry(id="e0", action="Split a factor", experience="17*23 is 17*20 + 17*3.")], embed)
+            pool.save()
+
+    with SimServer(SimScript(model="embed-a")) as first:
+        asyncio.run(build(settings_for(first, endpoint__model=None)))
+    params = {"iterations": 1, "team_size": 2, "pool": str(pool_path), "top_k": 1}
+    with SimServer(SimScript(model="embed-b")) as second:
+        settings = settings_for(second, endpoint__model=None, method={"name": "mattrl", "params": params})
+        result = asyncio.run(asolve("What is 17*23?", settings, max_calls=None, max_completion_tokens=None))
+    assert result.status == "failed" and result.error is not None
+    assert f"{pool_path}: pool built with embedding model 'endpoint:embed-a', but 'endpoint:embed-b'" in result.error
