@@ -338,7 +338,7 @@ class RunSetup:
                 raise InputError(refusal) from None
             raise
         check_roles(settings)
-        overrides = check_overrides(settings.prompts_dir) if settings.prompts_dir else []
+        overrides = check_not_grading(check_overrides(settings.prompts_dir)) if settings.prompts_dir else []
         return cls(settings, method, overrides)
 
     def requests(self, settings: Settings, prompts: dict[str, str]) -> dict[str, Any]:
