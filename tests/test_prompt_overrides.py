@@ -249,13 +249,16 @@ def test_the_prompts_commands_say_which_templates_grading_renders(tmp_path: Path
     assert shown.stderr == (
         "tmas: judge_user.j2 is a grading template: every grading renders the packaged one, and refuses an override\n"
     )
-    write(tmp_path / "mine", "judge_user.j2", packaged_source("judge_user.j2"))
+    write(tmp_path / "mine", "judge_user.j2", packaged_source("judge_user.j2") + f"\n{MARK}\n")
     diffed = cli.invoke(app, ["prompts", "diff", str(tmp_path / "mine")])
     assert isinstance(diffed.exception, ConfigError) and "grading always renders" in str(diffed.exception)
+    # An unchanged copy (a folder copied whole from the packaged templates) changes nothing and passes.
+    write(tmp_path / "copy", "judge_user.j2", packaged_source("judge_user.j2"))
+    assert cli.invoke(app, ["prompts", "diff", str(tmp_path / "copy")]).exit_code == 0
 
 
 async def test_a_judge_template_override_is_refused_by_a_run_of_the_library(tmp_path: Path) -> None:
-    path = write(tmp_path / "mine", "judge_system.j2", packaged_source("judge_system.j2"))
+    path = write(tmp_path / "mine", "judge_system.j2", packaged_source("judge_system.j2") + f"\n{MARK}\n")
     model = ScriptedModel(SimScript(), scripted_settings(prompts_dir=str(path.parent)))
     with pytest.raises(ConfigError, match=f"^{path}: grading always renders the packaged judge_system.j2 "):
         await asolve("What is 17*23?", model=model, run_dir=tmp_path / "run")

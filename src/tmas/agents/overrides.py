@@ -159,9 +159,10 @@ def check_overrides(prompts_dir: str | Path) -> list[Override]:
 
 
 def check_not_grading(overrides: list[Override]) -> list[Override]:
-    """``overrides``, a one-line :class:`ConfigError` where one replaces a template grading renders."""
+    """``overrides``, a one-line :class:`ConfigError` where one changes a template grading renders (an unchanged
+    copy, as a folder copied whole holds, changes nothing)."""
     for override in overrides:
-        if override.name in GRADING_TEMPLATES:
+        if override.name in GRADING_TEMPLATES and override.path.read_text() != packaged_source(override.name):
             raise ConfigError(
                 f"{override.path}: grading always renders the packaged {override.name} (a run's verdicts are stored"
                 " and reused by its later gradings and reports); take it out of the prompts folder"
