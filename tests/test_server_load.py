@@ -10,9 +10,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from aiohttp import web
 from pydantic import BaseModel
 
-from conftest import eventually, settings_for
+from conftest import _settings, eventually, settings_for
 from test_failures import PERSONA_WORDINGS
 from tmas.config import Sampling, Settings
 from tmas.llm import refusals
@@ -93,6 +94,49 @@ async def test_queue_timeout_s_bounds_the_wait_for_the_first_chunk() -> None:
         settings = settings_for(sim, endpoint__timeout_s=0.2, endpoint__queue_timeout_s=0.5, retry__max_attempts=1)
         queued = await _behind_a_running_call(settings)
     assert queued.error_cause == "queue_timeout"
+
+
+async def test_keep_alive_comments_are_no_first_chunk() -> None:
+    # A gateway (OpenRouter: ": OPENROUTER PROCESSING") sends SSE comments while the request waits for its first
+    # token. They keep the connection alive but carry no token: queue_timeout_s still bounds the wait for the first
+    # event, where before the comments passed for it and the call waited until its deadline.
+    asked: list[str] = []
+    gone = asyncio.Event()
+
+    async def chat(request: web.Request) -> web.StreamResponse:
+        asked.append(request.path)
+        reply = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        await reply.prepare(request)
+        try:
+            while True:
+                await reply.write(b": PROCESSING\n\n")
+                await asyncio.sleep(0.05)
+        except ConnectionError:  # the client closed the request
+            gone.set()
+            return reply
+        except asyncio.CancelledError:
+            gone.set()
+            raise
+
+    app = web.Application()
+    app.router.add_post("/v1/chat/completions", chat)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+    try:
+        settings = _settings(
+            [f"http://127.0.0.1:{port}/v1"],
+            {"endpoint__queue_timeout_s": 0.3, "endpoint__deadline_s": 5.0, "retry__max_attempts": 1},
+        )
+        async with LLMClient(settings) as llm:
+            done = await llm.chat("solution", [user("What is 2*7?")])
+        await asyncio.wait_for(gone.wait(), 5)
+    finally:
+        await runner.cleanup()
+    assert not done.ok and done.error_cause == "queue_timeout", done.error
+    assert asked == ["/v1/chat/completions"]
 
 
 async def test_a_call_past_queue_timeout_s_is_sent_again_to_another_replica() -> None:

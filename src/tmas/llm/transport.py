@@ -200,10 +200,14 @@ async def _chunks(resp: aiohttp.ClientResponse, exchange: Exchange, timing: Timi
         if not chunk:
             return
         timing.last_chunk_at = time.monotonic()
-        if timing.first_chunk_at is None:
-            timing.first_chunk_at = timing.last_chunk_at
         exchange.on_chunk()
         yield chunk
+
+
+def _is_event(line: str) -> bool:
+    """Whether a stream's line carries an event: not blank, not a comment (``:``, the keep-alive a gateway such as
+    OpenRouter sends while the request waits for its first token)."""
+    return bool(line.strip()) and not line.startswith(":")
 
 
 async def _read_stream(resp: aiohttp.ClientResponse, exchange: Exchange, timing: Timing) -> dict[str, Any]:
@@ -221,6 +225,9 @@ async def _read_stream(resp: aiohttp.ClientResponse, exchange: Exchange, timing:
     try:
         try:
             async for line in lines(_chunks(resp, exchange, timing)):
+                if timing.first_chunk_at is None and _is_event(line):
+                    # The first event, not the first byte: keep-alive comments show the connection, not a token.
+                    timing.first_chunk_at = timing.last_chunk_at
                 assembler.feed(line)
                 if assembler.done:
                     await _drain(resp)
