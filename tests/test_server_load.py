@@ -547,6 +547,26 @@ async def test_an_aborted_reply_is_sent_again_never_kept(stream: str, tmp_path: 
     assert reply.usage.completion_tokens == sim.stats().completion_tokens
 
 
+@pytest.mark.parametrize("stream", ["auto", "off"])
+async def test_an_n_reply_with_some_choices_aborted_keeps_the_finished_ones(stream: str) -> None:
+    # The server aborts the request for two choices once the longer is half way: the short one had finished and is
+    # kept, and only the aborted one is asked again, alone; before, both were asked again and the short one's work
+    # was lost.
+    short, long = "\\boxed{391}", "Let me work it out. " + "step " * 40 + "\\boxed{391}"
+    rules = [Rule(replies=[short, long], fault="abort", times=1), Rule(replies=[long])]
+    with SimServer(SimScript(persona="vllm", rules=rules)) as sim:
+        async with LLMClient(settings_for(sim, endpoint__stream=stream)) as llm:
+            done = await _alike(llm, 2)
+        bodies = sim.chat_bodies()
+        served = sim.stats()
+    assert [b.get("n") for b in bodies] == [2, None]
+    assert all(c.ok and c.finish_reason == "stop" for c in done)
+    assert [c.content for c in done] == [short, long]
+    assert done[0].retry_causes == ["abort"]
+    # The aborted choice's tokens are charged: the calls' figures add up to what the server generated.
+    assert sum(c.usage.completion_tokens for c in done) == served.completion_tokens
+
+
 async def test_identical_long_choices_at_a_temperature_above_zero_go_one_request_each() -> None:
     # SGLang with deterministic inference samples every choice with the request's seed: n alike choices.
     long_reply = "Let me multiply step by step. " * 20 + "\\boxed{391}"

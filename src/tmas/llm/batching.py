@@ -239,6 +239,20 @@ def one_per_choice(data: dict[str, Any], n: int) -> list[dict[str, Any]]:
     return [{**data, "choices": [choice]} for _, choice in ordered[:n]]
 
 
+def without_aborted(data: dict[str, Any]) -> list[dict[str, Any]]:
+    """The choices the server aborted (finish_reason "abort") of a reply of several where others finished, taken out
+    of ``data``: the finished ones are kept and the others asked again, as a stream's unfinished ones are
+    (:data:`tmas.llm.stream.PARTIAL`). None are taken where every choice was aborted: the reply fails whole."""
+    choices = data.get("choices")
+    if not isinstance(choices, list):
+        return []
+    aborted = [c for c in choices if isinstance(c, dict) and c.get("finish_reason") == "abort"]
+    if aborted and len(aborted) < len(choices):
+        data["choices"] = [c for c in choices if not (isinstance(c, dict) and c.get("finish_reason") == "abort")]
+        return aborted
+    return []
+
+
 def _index(choice: Any, position: int) -> int:
     index = choice.get("index") if isinstance(choice, dict) else None
     return index if isinstance(index, int) else position

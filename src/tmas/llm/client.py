@@ -27,7 +27,7 @@ from tmas.config import Sampling, Settings
 from tmas.errors import ConfigError, LLMError
 from tmas.llm import replica as replicas
 from tmas.llm import vitals
-from tmas.llm.batching import Sample, SampleBatcher, handed_out, one_per_choice, share_usage
+from tmas.llm.batching import Sample, SampleBatcher, handed_out, one_per_choice, share_usage, without_aborted
 from tmas.llm.failures import Failure
 from tmas.llm.lanes import SlotQueue, call_affinity
 from tmas.llm.model import CANCELLED, ClientStats, EndpointUnreachable, QuotaSpent, leave_spent, spent_before
@@ -299,6 +299,7 @@ class LLMClient:
                 if timing.plain_reply and body.get("stream") and route.endpoint.stream == "auto":
                     self.refusals.stream_refused(replica, key.role, "answered a streamed request with a plain reply")
                 was_cut = data.pop(PARTIAL, None)
+                aborted = without_aborted(data) if n > 1 else []
                 off = thinking_off(request.sampling.extra_body)
                 place = reasoning_place(data)
                 self.refusals.saw_reasoning(replica, key.role, None if off and place == "none" else place)
@@ -312,7 +313,10 @@ class LLMClient:
                     # Without usage, the unfinished choices' text is counted; a running usage already counted it.
                     left = timing.stream.received(unfinished=True)
                     spend.discarded += discarded_usage(left, route.counter, thinks_inline=inline)
-                causes = attempts.causes + (["cut"] if was_cut else [])
+                if aborted and "usage" not in data:
+                    left = reply_texts({"choices": aborted})
+                    spend.discarded += discarded_usage(left, route.counter, thinks_inline=inline)
+                causes = attempts.causes + (["cut"] if was_cut else []) + (["abort"] if aborted else [])
                 for completion in done:
                     completion.retry_causes = list(causes)
                     completion.latency_s = time.monotonic() - started

@@ -348,7 +348,7 @@ class Refusals:
             return None
         # A request that failed otherwise (a bad request, an unknown model, retries spent) fails its samples alike
         # and says nothing of n: its one failed completion is no reply of fewer choices.
-        if done[0].ok and len(done) < n and "cut" not in done[0].retry_causes:
+        if done[0].ok and len(done) < n and not {"cut", "abort"} & set(done[0].retry_causes):
             self._samples_refused(
                 route, done[0].endpoint, role, f"asked for n = {n} choices, the reply held {len(done)}"
             )

@@ -12,11 +12,11 @@ import math
 import random
 import re
 import zlib
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from tmas.testing.personas import Persona
-from tmas.testing.replies import certain_logprobs
+from tmas.testing.replies import Choice, certain_logprobs
 from tmas.testing.responders import SimRequest, count_tokens, cut_tokens, fake_reasoning, garbage_text, get_responder
 from tmas.testing.script import FaultKind, Rule, SimScript
 
@@ -139,6 +139,32 @@ def scripted_text(
     if rule is not None and rule.usage is not None:
         completion_tokens, reasoning_tokens = rule.usage.completion_tokens, rule.usage.reasoning_tokens
     return ScriptedText(content, reasoning, finish_reason, reasoning_tokens, completion_tokens)
+
+
+def aborted_choices(choices: list[Choice]) -> list[Choice]:
+    """The choices of a request of several the server aborts part way (fault "abort"), each asked whole: the abort
+    comes when the longest is half way through its content, and ends every choice still generating there with
+    finish_reason "abort", as a lone choice is (scripted_text); a choice that had finished by then keeps its end. (An
+    engine aborts what still runs at one moment; that moment is the simulator's, not read from a source.)"""
+    moment = max(1, max(count_tokens(c.content) for c in choices) // 2)
+    out = []
+    for choice in choices:
+        tokens = count_tokens(choice.content)
+        if tokens <= moment:
+            out.append(choice)
+            continue
+        logprobs = choice.logprobs[: len(choice.logprobs) - (tokens - moment)] if choice.logprobs else choice.logprobs
+        out.append(
+            replace(
+                choice,
+                content=cut_tokens(choice.content, moment),
+                finish_reason="abort",
+                logprobs=logprobs,
+                completion_tokens=choice.completion_tokens - (tokens - moment),
+                pieces=None,
+            )
+        )
+    return out
 
 
 def scripted_logprobs(

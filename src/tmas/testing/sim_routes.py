@@ -37,7 +37,13 @@ from tmas.testing.responders import (
     stable_hash,
 )
 from tmas.testing.script import FaultKind, Rule, SimScript
-from tmas.testing.scripted_replies import RuleBook, embed_text, scripted_logprobs, scripted_text
+from tmas.testing.scripted_replies import (
+    RuleBook,
+    aborted_choices,
+    embed_text,
+    scripted_logprobs,
+    scripted_text,
+)
 from tmas.testing.sim_access import auth_refusal, loading_response
 from tmas.testing.sim_faults import (
     EMBEDDING_FAULTS,
@@ -566,7 +572,11 @@ class SimApp:
             elif scripted.cached_tokens is not None:
                 cached = scripted.cached_tokens
         n = asked.n
-        choices = [self._choice(active, role, problem, body, i, n, rule, used, fault, max_tokens) for i in range(n)]
+        # Several choices meet an abort at one moment (aborted_choices): each is asked whole first.
+        whole = fault if n == 1 or fault != "abort" else None
+        choices = [self._choice(active, role, problem, body, i, n, rule, used, whole, max_tokens) for i in range(n)]
+        if whole != fault:
+            choices = aborted_choices(choices)
         named = body.get("model")
         own = isinstance(named, str) and (persona.echoes_model or named in script.also_serves)
         model = named if own else script.model
