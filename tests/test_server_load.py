@@ -567,6 +567,28 @@ async def test_an_n_reply_with_some_choices_aborted_keeps_the_finished_ones(stre
     assert sum(c.usage.completion_tokens for c in done) == served.completion_tokens
 
 
+@pytest.mark.parametrize("fault", ["abort", "cut_after_finish"])
+async def test_a_kept_choice_goes_to_its_own_sample_and_the_lost_one_goes_with_its_seed(fault: str) -> None:
+    # Two samples, seeds 7 and 8, go as one request (vLLM draws choice i with seed 7 + i); choice 1 finishes, choice 0
+    # is aborted or cut. Choice 1 is sample 1's; sample 0 goes again with seed 7. Before, choice 1 went to sample 0
+    # and sample 1 went again with seed 8: two samples of seed 8, none of seed 7.
+    short, long = "\\boxed{391}", "Let me work it out. " + "step " * 40 + "\\boxed{391}"
+    rules = [Rule(replies=[long, short], fault=fault, times=1), Rule(replies=[long])]  # type: ignore[arg-type]
+    with SimServer(SimScript(persona="vllm", rules=rules)) as sim:
+        async with LLMClient(settings_for(sim)) as llm:
+            done = await asyncio.gather(
+                *(
+                    llm.chat("solution", QUESTION, key=CallKey(problem_id="p", role="solution", sample=i),
+                             sampling=Sampling(seed=7 + i))
+                    for i in range(2)
+                )
+            )  # fmt: skip
+        bodies = sim.chat_bodies()
+    assert [(b.get("n"), b.get("seed")) for b in bodies] == [(2, 7), (None, 7)]
+    assert [c.content for c in done] == [long, short]
+    assert done[1].retry_causes == ["abort" if fault == "abort" else "cut"] and done[0].retry_causes == []
+
+
 async def test_identical_long_choices_at_a_temperature_above_zero_go_one_request_each() -> None:
     # SGLang with deterministic inference samples every choice with the request's seed: n alike choices.
     long_reply = "Let me multiply step by step. " * 20 + "\\boxed{391}"

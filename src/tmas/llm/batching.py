@@ -253,6 +253,11 @@ def without_aborted(data: dict[str, Any]) -> list[dict[str, Any]]:
     return []
 
 
+def choice_indices(replies: Sequence[dict[str, Any]]) -> list[int]:
+    """The choice index of each reply of :func:`one_per_choice`."""
+    return [_index(r["choices"][0], position) for position, r in enumerate(replies)]
+
+
 def _index(choice: Any, position: int) -> int:
     index = choice.get("index") if isinstance(choice, dict) else None
     return index if isinstance(index, int) else position
@@ -352,16 +357,26 @@ def seed_runs(samples: list[Sample]) -> list[list[Sample]]:
     return runs
 
 
-def handed_out(completions: Sequence[Completion], samples: Sequence[Sample]) -> list[Completion | None]:
-    """The completions of one request given to its samples in order, each under the sample's own key and request
-    hash; a failed request (one failed completion) fails every sample alike; samples beyond the choices received get
-    None (their callers send them alone)."""
+def handed_out(
+    completions: Sequence[Completion], samples: Sequence[Sample], indices: Sequence[int] | None = None
+) -> list[Completion | None]:
+    """The completions of one request given to its samples, each under the sample's own key and request hash: choice
+    ``i`` to sample ``i`` (``indices``: the choices' indices, where some did not come: a cut or aborted choice; vLLM
+    samples choice ``i`` with the lowest sample's seed + ``i``, the seed sample ``i`` goes alone with), else in order;
+    a failed request (one failed completion) fails every sample alike; samples without a choice get None (their
+    callers send them alone)."""
     if len(completions) == 1 and not completions[0].ok:
         # What the failed request's attempts had the server generate is counted once, on the first sample.
         spent = completions[0]
         completions = [spent] + [spent.model_copy(update={"usage": Usage()})] * (len(samples) - 1)
-    given: list[Completion | None] = [
-        c.model_copy(update={"key": s.key, "request_hash": s.request_hash, "retry_causes": list(c.retry_causes)})
-        for c, s in zip(completions, samples, strict=False)
-    ]
-    return given + [None] * (len(samples) - len(given))
+        indices = None
+    if indices is None or len(indices) != len(completions):
+        indices = range(len(completions))
+    given: list[Completion | None] = [None] * len(samples)
+    for c, i in zip(completions, indices, strict=True):
+        if 0 <= i < len(samples):
+            s = samples[i]
+            given[i] = c.model_copy(
+                update={"key": s.key, "request_hash": s.request_hash, "retry_causes": list(c.retry_causes)}
+            )
+    return given

@@ -27,7 +27,15 @@ from tmas.config import Sampling, Settings
 from tmas.errors import ConfigError, LLMError
 from tmas.llm import replica as replicas
 from tmas.llm import vitals
-from tmas.llm.batching import Sample, SampleBatcher, handed_out, one_per_choice, share_usage, without_aborted
+from tmas.llm.batching import (
+    Sample,
+    SampleBatcher,
+    choice_indices,
+    handed_out,
+    one_per_choice,
+    share_usage,
+    without_aborted,
+)
 from tmas.llm.failures import Failure
 from tmas.llm.lanes import SlotQueue, call_affinity
 from tmas.llm.model import CANCELLED, ClientStats, EndpointUnreachable, QuotaSpent, leave_spent, spent_before
@@ -176,9 +184,10 @@ class LLMClient:
         if not self.refusals.batches(route):
             return [None] * len(samples)
         lead = samples[0]
-        done = await self._call(route, lead.request, lead.key, lead.request_hash, n=len(samples))
+        indices: list[int] = []
+        done = await self._call(route, lead.request, lead.key, lead.request_hash, n=len(samples), indices=indices)
         kept = self.refusals.kept(route, lead, done, len(samples))
-        return [None] * len(samples) if kept is None else handed_out(kept, samples)
+        return [None] * len(samples) if kept is None else handed_out(kept, samples, indices)
 
     async def embed(self, texts: Sequence[str], *, role: str = "embedding") -> list[list[float]]:
         """``texts``' vectors from ``role``'s ``/v1/embeddings``, in order, with the caps and retry policy of chat
@@ -227,13 +236,15 @@ class LLMClient:
         request_hash: str,
         n: int = 1,
         watch: TraceWatch | None = None,
+        indices: list[int] | None = None,
     ) -> list[Completion]:
         """The request's completion; with ``n`` > 1 one request for that many choices and a completion per choice
-        received. A failure is one failed completion. A call cancelled once its server generated something leaves
-        what it did on the cancel (:func:`tmas.llm.model.leave_spent`: a failed completion of cause ``cancelled``)."""
+        received (their choice indices put in ``indices``). A failure is one failed completion. A call cancelled once
+        its server generated something leaves what it did on the cancel (:func:`tmas.llm.model.leave_spent`: a failed
+        completion of cause ``cancelled``)."""
         spend = _Spend(attempts=self.policy.attempts(), url=route.replicas[0].url)
         try:
-            return await self._attempts(route, request, key, request_hash, spend, n, watch)
+            return await self._attempts(route, request, key, request_hash, spend, n, watch, indices)
         except asyncio.CancelledError as cancel:
             spend.close_attempt(route.counter)
             if spend.discarded.completion_tokens:
@@ -255,6 +266,7 @@ class LLMClient:
         spend: _Spend,
         n: int,
         watch: TraceWatch | None,
+        indices: list[int] | None = None,
     ) -> list[Completion]:
         """:meth:`_call`'s attempts, what they had the server generate noted in ``spend`` as they go."""
         started = spend.started
@@ -304,10 +316,11 @@ class LLMClient:
                 place = reasoning_place(data)
                 self.refusals.saw_reasoning(replica, key.role, None if off and place == "none" else place)
                 inline = reasoning_of(route, replica) == "inline" and not off
+                replies = one_per_choice(data, n)
                 done = [
                     read_completion(reply, request=request, key=key, request_hash=request_hash, counter=route.counter,
                                     url=replica.url, attempts=attempts.count, sent_max=sent_max, thinks_inline=inline)
-                    for reply in one_per_choice(data, n)
+                    for reply in replies
                 ]  # fmt: skip
                 if was_cut and timing.stream is not None and "usage" not in data:
                     # Without usage, the unfinished choices' text is counted; a running usage already counted it.
@@ -325,6 +338,8 @@ class LLMClient:
                 done = share_usage(done, data, route.counter, replica.server_kind)
                 if done and spend.discarded.completion_tokens:
                     done[0].usage = done[0].usage + spend.discarded
+                if indices is not None:
+                    indices[:] = choice_indices(replies)
                 return done
             except Failure as failure:
                 if timing.stream is None and data is not None:
