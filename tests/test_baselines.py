@@ -278,6 +278,27 @@ async def test_pacore_rounds_see_compact_messages_of_the_whole_previous_round() 
     assert result.iterations[-1].state["round"] == "synthesis" and result.answer == "391"
 
 
+@pytest.mark.parametrize(("message_chars", "whole"), [(None, True), (300, False)])
+async def test_pacore_paper_setting_passes_each_whole_final_content(message_chars: int | None, whole: bool) -> None:
+    # A final solution of about 800 characters: its opening step S<k>S lies beyond the last 300.
+    replies = [
+        f"## Solution\nFirst step S{k}S." + " A justified step." * 40 + f" Conclusion M{k}Z.\n\n\\boxed{{391}}"
+        for k in range(100)
+    ]
+    script = SimScript(rules=[Rule(role="solution", replies=replies), Rule(role="synthesis", replies=replies[50:])])
+    result, model = await run("pacore", script, responses_per_round=2, iterations=2, message_chars=message_chars)
+    rows = calls(model)
+    for r in rows:
+        if r["it"] == 0:
+            continue
+        earlier = [x["reply"] for x in rows if x["it"] == r["it"] - 1]
+        openings = [re.search(r"S\d+S", reply).group() for reply in earlier]  # type: ignore[union-attr]
+        assert all((o in r["prompt"]) == whole for o in openings), (r["it"], message_chars)
+        assert all(m in r["prompt"] for reply in earlier for m in MARK.findall(reply))
+    assert result.answer == "391"
+    assert METHODS["pacore"].paper_settings["message_chars"] is None
+
+
 async def test_rse_bank_is_distilled_without_the_gold_answer(tmp_path: Path) -> None:
     gold = "GOLD-4471-QX"
     settings = scripted_settings(method={"name": "rse", "params": {"n": 2, "iterations": 3}})

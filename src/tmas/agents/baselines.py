@@ -74,14 +74,15 @@ def pacore_synthesis_prompt(question: str, mode: str, messages: list[str], style
     )
 
 
-def compact_message(reply: str, max_chars: int) -> str:
+def compact_message(reply: str, max_chars: int | None) -> str:
     """PaCoRe's compact message of a response: its final conclusion, not its reasoning.
 
-    The conclusion is the end of the response's final content (reasoning in ``<think>`` was already split off by
-    the client; stray tags are dropped here), cut to ``max_chars`` from the end, where the answer is.
+    The conclusion is the response's final content (reasoning in ``<think>`` was already split off by the client;
+    stray tags are dropped here), cut to ``max_chars`` from the end, where the answer is; whole with None, as
+    PaCoRe's official implementation passes it.
     """
     text = _THINK.sub("", solution_section(reply)).strip()
-    if len(text) <= max_chars:
+    if max_chars is None or len(text) <= max_chars:
         return text
     cut = text[-max_chars:]
     # Start at a line or sentence boundary where one is near, so the message does not open mid-word.

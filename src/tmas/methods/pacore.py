@@ -56,8 +56,9 @@ class PaCoReParams(StyledParams):
     # A final synthesis round after the T parallel rounds.
     synthesis: bool = True
     synthesis_responses: int = Field(default=1, ge=1, le=64)
-    # Longest compact message, in characters (cut from the start: the conclusion is at the end).
-    message_chars: int = Field(default=1500, ge=100)
+    # Longest compact message, in characters (cut from the start: the conclusion is at the end). None: the whole
+    # final content, as PaCoRe's official implementation passes it (the paper's setting).
+    message_chars: int | None = Field(default=1500, ge=100)
     # Beyond the paper: a last round without an answer answers with the latest earlier round that has one.
     answer_fallback: bool = True
 
@@ -75,7 +76,7 @@ class PaCoRe(Method[PaCoReParams]):
     traits: ClassVar[Traits] = Traits(roles=("solution", "synthesis"))
     example_params: ClassVar[dict[str, Any] | None] = {"responses_per_round": 1, "iterations": 1}
     # The setting the TMAS paper ran this baseline with (4.1, A.3).
-    paper_settings: ClassVar[dict[str, Any]] = {"responses_per_round": 8}
+    paper_settings: ClassVar[dict[str, Any]] = {"responses_per_round": 8, "message_chars": None}
     Params: ClassVar[type[MethodParams]] = PaCoReParams
     State: ClassVar[type[MethodState]] = PaCoReState
     embedded_defaults: ClassVar[dict[str, Any]] = {"responses_per_round": 2, "iterations": 2, "style": "concise"}
