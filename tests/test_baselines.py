@@ -242,6 +242,20 @@ async def test_verify_refine_corrector_sees_the_report_that_came_back_not_a_fail
     assert any(n.startswith("candidate 0, verifier 0: call failed:") for n in first.notes)
 
 
+async def test_verify_refine_corrector_is_shown_no_verdict_where_every_verification_failed() -> None:
+    # m = 1 and its call fails: no report came back, so the corrector must not read a "(verification failed)" report
+    # (a verdict against the solution nobody gave); it is shown the solution, said to be neither confirmed nor faulted.
+    script = SimScript(rules=[Rule(role="verifier", fault="http_400", times=1)])
+    result, model = await run("verify_refine", script, n=1, m=1, iterations=2)
+    rows = calls(model)
+    (corrector,) = [r for r in rows if r["role"] == "corrector"]
+    (solution,) = [r for r in rows if r["role"] == "solution"]
+    assert "<verification" not in corrector["prompt"] and "failed" not in corrector["prompt"]
+    assert "neither confirmed nor faulted" in corrector["prompt"]
+    assert solution["reply"].split("## Solution")[-1].strip() in corrector["prompt"]
+    assert result.iterations[0].candidates[0].score == 0.0
+
+
 async def test_verify_refine_does_not_score_a_verification_cut_at_max_tokens() -> None:
     # m = 2: the first verification is cut at max_tokens through its score line ("Score: 1" of "Score: 1/2"), the
     # second reports 0.5. The cut one is not read: it counts 0 ((0 + 0.5) / 2), and its record and note say it was cut.

@@ -121,6 +121,7 @@ def _baselines(style: Style, mode: str, domain: str) -> list[Prompt]:
     return [
         self_refine_prompt(Q, mode, d("attempt"), style),
         correction_prompt(Q, mode, SOLUTION, d("feedback"), 0.5, style),
+        correction_prompt(Q, mode, SOLUTION, None, None, style),
         pacore_round_prompt(Q, mode, refs, style),
         pacore_synthesis_prompt(Q, mode, refs, style),
         rse_solve_prompt(Q, mode, [d("proposition")], [d("pitfall")], style),

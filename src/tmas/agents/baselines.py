@@ -44,9 +44,10 @@ def parse_refinement(content: str, mode: str) -> SolutionOutput:
 
 
 def correction_prompt(
-    question: str, mode: str, solution: str, feedback: str, score: float | None, style: Style = "paper"
+    question: str, mode: str, solution: str, feedback: str | None, score: float | None, style: Style = "paper"
 ) -> list[Message]:
-    """Verify-Refine's corrector: the previous solution and its verification report."""
+    """Verify-Refine's corrector: the previous solution and its verification report; with ``feedback`` None (no
+    verification call came back) the solution alone, said to be neither confirmed nor faulted."""
     shown = "unreadable" if score is None else f"{score:g}"
     return prompt(
         "vr_correct.j2",

@@ -91,7 +91,7 @@ def _contexts() -> dict[str, list[Context]]:
         "tmas_guideline.j2": _each({**q, "rollouts": rollouts}, bank=(guidelines, GuidelineBank())),
         "rl_guideline_judge.j2": [{**q, "solution": TEXT, "strategies": [StrategyView(id="G1", description=TEXT)]}],
         "self_refine.j2": _each({**solve, "attempt": TEXT}, **how),
-        "vr_correct.j2": _each({**solve, "solution": TEXT, "feedback": TEXT, "score": "0.5"}, **how),
+        "vr_correct.j2": _each({**solve, "solution": TEXT, "score": "0.5"}, feedback=(TEXT, None), **how),
         "pacore_round.j2": _each({**solve, "messages": [TEXT, TEXT]}, **how),
         "pacore_synthesis.j2": _each({**solve, "messages": [TEXT, TEXT]}, **how),
         "rse_solve.j2": _each({**solve, "propositions": [TEXT], "pitfalls": [TEXT]}, **how),

@@ -6,9 +6,10 @@ previous solution with its verification report to the corrector (role ``correcto
 ``m`` verifications (TMAS's verification agent, role ``verifier``). Its score is their mean (1 / 0.5 / 0 scale) and
 the answer is the best-scored candidate's (``select`` and ``select_from`` choose other rules: methods/selection.py).
 With m > 1 the corrector is shown the most critical report (lowest score read; a failed verification call is no
-report). A correction's answer is read from its solution under "## Solution" alone (``parse_refinement``, as in
-Self-Refine): text before the heading that quotes the previous boxed answer is no new answer. The iteration's
-candidates are the verified solutions of that iteration. A correction without an answer never silently replaces an
+report; where every call failed, the solution alone, said to be neither confirmed nor faulted). A correction's answer
+is read from its solution under "## Solution" alone (``parse_refinement``, as in Self-Refine): text before the
+heading that quotes the previous boxed answer is no new answer. The iteration's candidates are the verified solutions
+of that iteration. A correction without an answer never silently replaces an
 answered solution (``answer_reminder``, ``answer_fallback``): the trajectory holds that solution on, and it is
 selected from in the iteration, with its score, in place of the correction (``meta.carried_from``).
 A solution with no text is not sent to the verifiers: it is scored 0, recorded unverified, and no corrector is shown
@@ -93,6 +94,9 @@ class Verified:
     candidate: Candidate
     # The report the corrector sees next iteration; None when the budget stopped before any verification.
     report: Verification | None
+    # Whether a verification call came back: without one the corrector is shown no report, not a placeholder that
+    # would read as a verdict on the solution.
+    reported: bool = True
 
 
 class VerifyRefine(Method[VerifyRefineParams]):
@@ -178,9 +182,8 @@ class VerifyRefine(Method[VerifyRefineParams]):
             parse = parse_section
         else:
             report = prev.report
-            messages = correction_prompt(
-                q, mode, prev.candidate.text, report.feedback, report.score, p.style_of("corrector")
-            )
+            feedback = report.feedback if prev.reported else None
+            messages = correction_prompt(q, mode, prev.candidate.text, feedback, report.score, p.style_of("corrector"))
             # The corrected solution alone gives the answer: text before its heading may quote the old one.
             role, kind, parse = "corrector", "correct", parse_refinement
         remind = p.answer_reminder and kind == "correct"
@@ -242,12 +245,13 @@ class VerifyRefine(Method[VerifyRefineParams]):
             )
             for v, r in zip(reports, replies, strict=True)
         ]
-        return Verified(candidate, _most_critical(reports, [r.ok for r in replies]))
+        answered = [r.ok for r in replies]
+        return Verified(candidate, _most_critical(reports, answered), reported=any(answered))
 
 
 def _most_critical(reports: list[Verification], answered: list[bool]) -> Verification:
     """The report the corrector is shown: the lowest-scored report that has a score; without one, the first reply
-    that came back (its score unreadable); a failed call's placeholder only when every verification call failed. A
+    that came back (its score unreadable); a failed call's placeholder, never shown, only when every call failed. A
     failed call counts 0 in the candidate's score but is no report: it must not hide the analysis of one that came
     back."""
     scored = [v for v in reports if v.score is not None]
