@@ -3,8 +3,14 @@ Step by Step: Adaptive-Consistency for Efficient Reasoning and Coding with LLMs"
 
 With v1 and v2 the votes of the two leading answers, the leader's share p of those two votes has, under a uniform
 prior, the posterior Beta(v1 + 1, v2 + 1). Sampling stops once P(p > 1/2) reaches a threshold (the paper's default:
-0.95): the leader is then unlikely to be overtaken by the runner-up. For whole counts the integral is a binomial sum
-(the Beta CDF at x is the chance of at least v1 + 1 successes in v1 + v2 + 1 Bernoulli(x) trials), computed exactly:
+0.95): the leader is then unlikely to be overtaken by the runner-up. The criterion's probability is the posterior mass
+above 1/2,
+
+    P(p > 1/2) = integral_{1/2..1} p^v1 (1 - p)^v2 dp / B(v1 + 1, v2 + 1)
+
+(the ratio of integrals Adaptive-Consistency's BetaStoppingCriteria evaluates numerically). For whole counts the
+integral is a binomial sum (the Beta CDF at x is the chance of at least v1 + 1 successes in v1 + v2 + 1 Bernoulli(x)
+trials), computed exactly:
 
     P(p > 1/2) = sum_{j = 0..v1} C(v1 + v2 + 1, j) / 2^(v1 + v2 + 1)
 
