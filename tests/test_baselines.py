@@ -313,6 +313,21 @@ async def test_pacore_paper_setting_passes_each_whole_final_content(message_char
     assert METHODS["pacore"].paper_settings["message_chars"] is None
 
 
+async def test_pacore_round_gets_no_empty_reference_from_a_response_without_text() -> None:
+    # Response 0 of round 0 is cut while it reasons: no final content, so no conclusion to pass on (PaCoRe's official
+    # code keeps only responses with content). The next round sees response 1's message alone.
+    cut = Rule(role="solution", replies=[""], reasoning="Let me multiply 17 by 23", finish_reason="length", times=1)
+    replies = [f"## Solution\nConclusion M{k}Z.\n\n\\boxed{{391}}" for k in range(100)]
+    script = SimScript(rules=[cut, Rule(role="solution", replies=replies), Rule(role="synthesis", replies=replies)])
+    result, model = await run("pacore", script, responses_per_round=2, iterations=2)
+    second = [r for r in calls(model) if r["it"] == 1]
+    assert len(second) == 2
+    for r in second:
+        assert r["prompt"].count("<reference number=") == 1 and len(MARK.findall(r["prompt"])) == 1
+        assert "1 independent earlier attempts" in r["prompt"]
+    assert result.iterations[1].state["messages_in"] == 1
+
+
 async def test_rse_bank_is_distilled_without_the_gold_answer(tmp_path: Path) -> None:
     gold = "GOLD-4471-QX"
     settings = scripted_settings(method={"name": "rse", "params": {"n": 2, "iterations": 3}})

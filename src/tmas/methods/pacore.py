@@ -2,7 +2,8 @@
 
 Round 0 samples ``responses_per_round`` responses to TMAS's plain generation prompt. Every later round samples as
 many again, each conditioned on the compact messages of *all* successful responses of the previous round: their
-final conclusions (the end of the final content, reasoning left out), not their whole reasoning. With ``synthesis``
+final conclusions (the end of the final content, reasoning left out), not their whole reasoning; a response with no
+final content (cut while it reasoned) gives none. With ``synthesis``
 a last round (iteration T, role ``synthesis``) writes ``synthesis_responses`` final solutions from the last round's
 messages; the answer is theirs (majority among them).
 
@@ -118,7 +119,7 @@ class PaCoRe(Method[PaCoReParams]):
                 break
             notes = notes_for(candidates, mode)
             if kind == "generate" and t > 0:
-                notes.append("no successful response in the previous round: sampled without messages")
+                notes.append("no response of the previous round wrote a conclusion: sampled without messages")
             # The majority of this round; without an answer here, of the latest earlier round that has one.
             chosen = await close_iteration(
                 session,
@@ -132,7 +133,9 @@ class PaCoRe(Method[PaCoReParams]):
             )
             if session.budget_stop:
                 break
-            messages = [compact_message(c.text, p.message_chars) for c in candidates if c.error is None]
+            # A response with no final content (cut while it reasoned) has no conclusion to pass on.
+            compact = (compact_message(c.text, p.message_chars) for c in candidates if c.error is None)
+            messages = [m for m in compact if m]
         stopped = session.budget_stop is not None
         return finish(session, self.name, chosen.candidate, stopped=stopped, fallback=chosen.fallback)
 
