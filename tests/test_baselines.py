@@ -362,6 +362,16 @@ async def test_rse_bank_is_distilled_without_the_gold_answer(tmp_path: Path) -> 
             assert "<attempt>" in r["prompt"] and gold not in r["prompt"]
 
 
+async def test_rse_distils_no_trajectory_without_text() -> None:
+    # Sample 0 of iteration 0 is cut while it reasons: there is no attempt to distil, so no distiller call is sent
+    # for it (one would be asked for verified facts of an empty <attempt>), and the record says why.
+    cut = Rule(role="solution", replies=[""], reasoning="Let me multiply 17 by 23", finish_reason="length", times=1)
+    result, model = await run("rse", SimScript(rules=[cut]), n=2, iterations=2)
+    distilled = [r for r in calls(model) if r["role"] == "distiller"]
+    assert [(r["it"], r["sample"]) for r in distilled] == [(0, 1)]
+    assert "candidate 0: no solution text; not distilled" in result.iterations[0].notes
+
+
 async def test_rse_falls_back_to_jaccard_when_embeddings_fail(sim: SimServer, tmp_path: Path) -> None:
     sim.set_script(SimScript(rules=[Rule(role="embedding", fault="http_400")]))
     settings = settings_for(sim, method={"name": "rse", "params": {"n": 2, "iterations": 2}})

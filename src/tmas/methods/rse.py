@@ -9,7 +9,8 @@ propositions and pitfalls; new items join the bank unless their embedding (role 
 bank keeps the newest ``bank_max`` items of each kind. The last iteration is not distilled: no later sample would read
 the result.
 
-The distiller sees the problem and one attempt; the method never reads ``problem.answer``. When the embedding
+The distiller sees the problem and one attempt (a trajectory with no text, cut while it reasoned, is not distilled);
+the method never reads ``problem.answer``. When the embedding
 endpoint fails, duplicates are judged by word-set Jaccard similarity instead, and the record says so.
 
 The answer is the majority vote of the last iteration's samples. Beyond the paper (``answer_fallback``, default on):
@@ -264,7 +265,14 @@ class RSE(Method[RSEParams]):
                 notes.append(f"distillation of candidate {c.index}: dropped {'; '.join(dropped)[:300]}")
             return distilled
 
-        found = [d for d in await gather_all(one(c) for c in candidates if c.error is None) if d is not None]
+        # A trajectory with no text (cut while it reasoned) leaves no attempt to distil.
+        attempts = [c for c in candidates if c.error is None and c.text.strip()]
+        notes += [
+            f"candidate {c.index}: no solution text; not distilled"
+            for c in candidates
+            if c.error is None and not c.text.strip()
+        ]
+        found = [d for d in await gather_all(one(c) for c in attempts) if d is not None]
         merge = Merge()
         new = bank.model_copy(deep=True)
         for kind in KINDS:
