@@ -131,11 +131,11 @@ class ContextRefusal:
 class Failure(Exception):
     """One failed attempt of a call.
 
-    ``cause``: a word for counting (``connect``, ``disconnected``, ``timeout``, ``stall``, ``dead``, ``no_progress``,
-    ``cut``, ``malformed``, ``stream_error``, ``engine_fault``, ``abort``, ``http_503``, ``context``, ``deadline``,
-    ``structured_output``, ``stream``, ``sampling``, ...). ``retry``: whether the same request may succeed if sent
-    again. ``connect``: no connection could be made at all. ``context`` / ``refused_field``: what a refusal said, for
-    the client to adapt."""
+    ``cause``: a word for counting (``connect``, ``tls``, ``disconnected``, ``timeout``, ``stall``, ``dead``,
+    ``no_progress``, ``cut``, ``malformed``, ``stream_error``, ``engine_fault``, ``abort``, ``http_503``, ``context``,
+    ``deadline``, ``structured_output``, ``stream``, ``sampling``, ...). ``retry``: whether the same request may
+    succeed if sent again. ``connect``: no connection could be made at all (refused, unanswered, or its TLS handshake
+    failed). ``context`` / ``refused_field``: what a refusal said, for the client to adapt."""
 
     def __init__(
         self,
@@ -231,6 +231,8 @@ def from_exception(exc: BaseException, url: str, *, sent: bool) -> Failure:
         return Failure(f"cannot connect to {url}: the host did not answer in time", "connect", retry=True, connect=True)
     if isinstance(exc, TimeoutError):  # aiohttp's read timeouts are both TimeoutError and ClientError
         return Failure(f"no reply from {url} in time: {type(exc).__name__}", "timeout", retry=True)
+    if isinstance(exc, aiohttp.ClientSSLError):
+        return Failure(f"{url}: {tls_failure(exc)}", "tls", retry=False, connect=True)
     if isinstance(exc, aiohttp.ClientConnectorError):
         return Failure(f"cannot connect to {url}: {exc.os_error}", "connect", retry=True, connect=True)
     if isinstance(exc, aiohttp.ServerDisconnectedError | aiohttp.ClientOSError) and not sent:
@@ -239,6 +241,30 @@ def from_exception(exc: BaseException, url: str, *, sent: bool) -> Failure:
     if isinstance(exc, aiohttp.ClientPayloadError | aiohttp.ServerDisconnectedError) and sent:
         return Failure(f"reply from {url} cut: {type(exc).__name__}: {exc}", "cut", retry=True)
     return Failure(f"connection to {url} failed: {type(exc).__name__}: {exc}", "connection", retry=True)
+
+
+def tls_failure(exc: aiohttp.ClientSSLError) -> str:
+    """Why a TLS handshake failed, in the system's words (OpenSSL's, without its code and source line: "certificate
+    verify failed: self-signed certificate"), and what a user can do: no attempt sent again can succeed. A
+    certificate refused is trusted through ``SSL_CERT_FILE``, which Python's default context (aiohttp's) reads the
+    CAs it trusts from; any other failure (OpenSSL's "wrong version number": a plain-HTTP server) is most often an
+    ``https://`` URL of a server that speaks plain HTTP."""
+    if isinstance(exc, aiohttp.ClientConnectorCertificateError):
+        error, fix = exc.certificate_error, _TRUST_FIX
+    else:
+        error, fix = exc.os_error, "give the URL with http:// if the server speaks plain HTTP"
+    said = _OPENSSL_WORDS.sub("", str(error)).strip().rstrip(".") or type(error).__name__
+    return f"TLS handshake failed: {said}; {fix}"
+
+
+_TRUST_FIX = (
+    "trust the server's certificate by pointing the SSL_CERT_FILE environment variable at the PEM file of its CA"
+    " (of the certificate itself where it is self-signed)"
+)
+
+
+# OpenSSL's code before its words ("[SSL: CERTIFICATE_VERIFY_FAILED] ") and its source line after ("(_ssl.c:1006)").
+_OPENSSL_WORDS = re.compile(r"^\[[^\]]*\]\s*|\s*\(_ssl\.c:\d+\)$")
 
 
 def context_refusal(message: str, error: dict[str, Any] | None = None) -> ContextRefusal | None:

@@ -1,7 +1,8 @@
 """Before a run sends its first call: does anything answer where its roles' calls go?
 
-Four mistakes a new user makes first cost nothing to find out beforehand: an endpoint nobody listens at (a server
-not started, a wrong port), a base URL without its ``/v1`` (every OpenAI-compatible server, vLLM, SGLang,
+Five mistakes a new user makes first cost nothing to find out beforehand: an endpoint nobody listens at (a server
+not started, a wrong port), an ``https://`` one whose TLS handshake fails (a certificate not trusted, a plain-HTTP
+server), a base URL without its ``/v1`` (every OpenAI-compatible server, vLLM, SGLang,
 llama-server and OpenAI itself, answers under ``/v1``; a URL without it gets a 404 on every call), one with the
 ``/chat/completions`` tmas adds to it (the chat address copied whole) and a model name a vLLM server does not serve.
 Left to the calls, the first is a run that retries for many seconds before it says so and the others runs whose
@@ -21,6 +22,7 @@ import aiohttp
 
 from tmas.config import Settings
 from tmas.errors import ConfigError
+from tmas.llm.failures import tls_failure
 from tmas.llm.model import EndpointUnreachable
 from tmas.llm.replica import auth_headers, connect_failure, model_names
 from tmas.llm.routes import DEFAULT_MODEL, Routes
@@ -60,7 +62,7 @@ async def check_endpoints(settings: Settings, roles: Iterable[str]) -> dict[str,
             if asked in checked or asked in _ANSWERED:
                 continue
             checked.add(asked)
-            probes = await asyncio.gather(*(_models_reply(session, url, route.api_key) for url in urls))
+            probes = await _models_replies(session, [(url, route.api_key) for url in urls])
             answers = [p[0] if isinstance(p, tuple) else p for p in probes]
             fix = _url_fix(settings, role)
             if all(isinstance(a, str) for a in answers):
@@ -95,7 +97,7 @@ async def served_models(
     told = asked or {}
     urls = [url for url in keys if url not in told]
     async with aiohttp.ClientSession() as session:
-        probes = await asyncio.gather(*(_models_reply(session, url, keys[url]) for url in urls))
+        probes = await _models_replies(session, [(url, keys[url]) for url in urls])
     probed = dict(zip(urls, map(_served, probes), strict=True))
     return {url: names for url in keys if (names := told[url] if url in told else probed[url])}
 
@@ -136,9 +138,20 @@ async def _models_status(session: aiohttp.ClientSession, url: str, api_key: str 
     return reply[0] if isinstance(reply, tuple) else reply
 
 
+async def _models_replies(
+    session: aiohttp.ClientSession, asked: list[tuple[str, str | None]]
+) -> list[tuple[int, Any] | str]:
+    """:func:`_models_reply` of each (URL, key), asked together; the first error raised is raised once all are in."""
+    replies = await asyncio.gather(*(_models_reply(session, url, key) for url, key in asked), return_exceptions=True)
+    for reply in replies:
+        if isinstance(reply, BaseException):
+            raise reply
+    return [reply for reply in replies if not isinstance(reply, BaseException)]
+
+
 async def _models_reply(session: aiohttp.ClientSession, url: str, api_key: str | None) -> tuple[int, Any] | str:
     """The status ``GET url/models`` answers with and its JSON body (None where it is none), or why no connection
-    could be made."""
+    could be made; :class:`ConfigError` where its TLS handshake fails, which no second try mends."""
     timeout = aiohttp.ClientTimeout(total=PROBE_TIMEOUT_S)
     reason = ""
     for attempt in range(CONNECT_TRIES):
@@ -151,6 +164,8 @@ async def _models_reply(session: aiohttp.ClientSession, url: str, api_key: str |
                 except ValueError:
                     body = None
                 return resp.status, body
+        except aiohttp.ClientSSLError as exc:
+            raise ConfigError(f"{url}: {tls_failure(exc)}") from None
         except aiohttp.ClientConnectorError as exc:
             reason = connect_failure(exc)
         except (aiohttp.ClientError, TimeoutError):

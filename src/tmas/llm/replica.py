@@ -279,7 +279,7 @@ def connect_failure(exc: aiohttp.ClientConnectorError) -> str:
 
 async def list_models(url: str, api_key: str | None = None) -> list[str]:
     """The model names served at ``url`` (:func:`model_names`; raises :class:`LLMError` with the reason when it does
-    not answer, :class:`NoConnection` when no connection could be made)."""
+    not answer or its TLS handshake fails, :class:`NoConnection` when no connection could be made)."""
     try:
         async with (
             aiohttp.ClientSession() as session,
@@ -291,6 +291,8 @@ async def list_models(url: str, api_key: str | None = None) -> list[str]:
             if resp.status != 200:
                 raise LLMError(f"HTTP {resp.status}: {error_message(text)}")
             data = json.loads(text)
+    except aiohttp.ClientSSLError as exc:
+        raise LLMError(failures.tls_failure(exc)) from None
     except aiohttp.ClientConnectorError as exc:
         raise NoConnection(connect_failure(exc)) from None
     except (aiohttp.ClientError, TimeoutError, ValueError) as exc:
