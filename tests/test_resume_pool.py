@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import sqlite3
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -135,28 +136,40 @@ async def test_a_run_that_recorded_no_pool_resumes_with_a_notice(stopped_run: tu
         assert store.get_meta("method_inputs") == {f"pool={pool_path}": Pool.open(pool_path).content_digest()}
 
 
-@pytest.fixture
-async def rebuilt_after_record(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> list[str]:
-    """A build that saves the pool a run names just after the run recorded its setup (the pool's digest among it)
-    and before the run's first retrieval: its entries replaced by one new one. The digests it saved."""
+async def _rebuild_after(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, step: str) -> list[str]:
+    """A build that saves the pool a run names just after the run's ``step`` (a method of :class:`RunSetup`) and
+    before the run's first retrieval: its entries replaced by one new one. The digests it saved."""
     other = tmp_path / "other"
     embed = EndpointEmbedder(ScriptedModel(settings=scripted_settings()))
     pool = Pool.create(other, embed.name)
     await pool.add([PoolEntry(id="e9", action="Halve and double", experience="17*24 is 34*12.")], embed)
     pool.save()
     saved: list[str] = []
-    record = RunSetup.record
+    done = getattr(RunSetup, step)
 
-    def record_then_rebuild(self: RunSetup, store: RunStore) -> None:
-        record(self, store)
+    def then_rebuild(self: RunSetup, *args: Any) -> Any:
+        out = done(self, *args)
         if not saved:
             rebuilt = Pool.open(other)
             rebuilt.path = Path(self.settings.method.params["pool"])
             rebuilt.save()
             saved.append(rebuilt.content_digest())
+        return out
 
-    monkeypatch.setattr(RunSetup, "record", record_then_rebuild)
+    monkeypatch.setattr(RunSetup, step, then_rebuild)
     return saved
+
+
+@pytest.fixture
+async def rebuilt_after_record(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """The pool rebuilt just after a new run recorded its setup (the pool's digest among it)."""
+    return await _rebuild_after(tmp_path, monkeypatch, "record")
+
+
+@pytest.fixture
+async def rebuilt_after_check(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """The pool rebuilt just after a resume checked it against the run's record."""
+    return await _rebuild_after(tmp_path, monkeypatch, "check_resume")
 
 
 async def test_a_pool_saved_after_the_run_started_is_the_one_recorded_and_read(
@@ -177,14 +190,17 @@ async def test_a_pool_saved_after_the_run_started_is_the_one_recorded_and_read(
 
 
 async def test_a_resume_refuses_a_pool_saved_after_its_check(
-    stopped_run: tuple[Path, Path], rebuilt_after_record: list[str]
+    stopped_run: tuple[Path, Path], rebuilt_after_check: list[str]
 ) -> None:
     run_dir, pool_path = stopped_run
+    recorded = Pool.open(pool_path).content_digest()
     model = model_for(pool_path)
     with pytest.raises(InputError) as refused:
         await scripted_run(model, run_dir)
-    assert rebuilt_after_record and str(refused.value) == _pool_changed(run_dir, pool_path)
+    assert rebuilt_after_check and str(refused.value) == _pool_changed(run_dir, pool_path)
     _assert_nothing_sent(model, run_dir)
+    with RunStore(run_dir, read_only=True) as store:  # still the pool the run read
+        assert store.get_meta("method_inputs") == {f"pool={pool_path}": recorded}
 
 
 async def test_a_run_on_a_pool_of_another_embedding_model_is_refused_before_any_call(tmp_path: Path) -> None:

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import sqlite3
+from contextlib import closing
 from pathlib import Path
 from typing import Any
 
@@ -39,7 +40,7 @@ async def _run_then_stop(run_dir: Path, settings: Settings) -> None:
     store, settings, todo = prepare_run(run_dir, settings, PROBLEMS, resume=False)
     with store:
         await run_problems(settings, todo, store)
-    with sqlite3.connect(run_dir / "run.sqlite") as db:
+    with closing(sqlite3.connect(run_dir / "run.sqlite")) as db, db:
         db.execute("DELETE FROM results WHERE problem_id = 'p1'")
         db.execute("DELETE FROM calls WHERE problem_id = 'p1'")
 
@@ -267,3 +268,24 @@ async def test_a_replica_that_answered_no_call_is_the_runs_own_on_resume(tmp_pat
         with store:
             summary = await run_problems(again, todo, store)
         assert summary.done == 2 and one.chat_bodies() + two.chat_bodies()
+
+
+def _files(run_dir: Path) -> dict[str, bytes]:
+    return {str(p.relative_to(run_dir)): p.read_bytes() for p in sorted(run_dir.rglob("*")) if p.is_file()}
+
+
+async def test_a_refused_resume_leaves_the_run_as_it_was(tmp_path: Path) -> None:
+    # The resume's settings were recorded before its server was asked what it serves: the refused resume left the run
+    # claiming settings it never ran with (here a timeout), and the next resume compared against them.
+    with SimServer(SimScript(model="model-a")) as server:
+        settings = settings_for(server, endpoint__model=None, method={"name": "majority", "params": {"k": 2}})
+        run_dir = tmp_path / "run"
+        await _run_then_stop(run_dir, settings)
+        before = _files(run_dir)
+        server.set_script(SimScript(model="model-b"))
+        await _resume_refused(run_dir, _resumed(run_dir, server.base_url, **{"endpoint.timeout_s": 9}))
+        assert _files(run_dir) == before
+        # A resume that goes on records its settings.
+        server.set_script(SimScript(model="model-a"))
+        await _resume(run_dir, server.base_url)
+    assert stored_settings(run_dir).endpoint.timeout_s == 5

@@ -36,7 +36,7 @@ async def test_a_resume_records_the_new_setup_and_the_run_keeps_it(tmp_path: Pat
     more = scripted_settings(method={"name": "majority", "params": {"k": 4}})
     store, more, todo = prepare_run(tmp_path / "run", more, None, resume=True, own_model=True)
     with store:
-        assert store.get_meta("method")["params"]["k"] == 4
+        assert store.get_meta("method")["params"]["k"] == 2  # recorded once the resume goes on, before its first call
         summary = await run_problems(more, todo, store, model=model)
         assert store.get_meta("method")["params"]["k"] == 4
     assert summary.done == 1 and len(model.calls) == 4  # two samples, then two more (the first two replayed)

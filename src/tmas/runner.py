@@ -434,7 +434,7 @@ class RunSetup:
             if recorded is None or new is None:
                 continue
             # The URLs the replies came from, as stored with them: the run's recorded settings are those of its last
-            # start, which a refused resume may have been.
+            # start, which may have sent none.
             replied, came_from = store.reply_model_endpoints(role)
             old = [url for url in came_from if url.startswith(("http://", "https://"))] or recorded
             # A reply that says DEFAULT_MODEL echoes the name asked (llama-server, SGLang): it names no model.
@@ -561,16 +561,16 @@ class RunSetup:
             return {}
         return {role: n for role, (n, _) in store.replies_by_role().items()}
 
-    def record(self, store: RunStore) -> None:
+    def record(self, store: RunStore, inputs: Mapping[str, str] | None = None) -> None:
         """Write the setup into the run's store: the settings, the method and its parameters, and each override
         template's SHA-256 (``{}`` when none). What the method reads outside the run is recorded as it was (``{}``
-        in a new run): :func:`pin_inputs` reads it for the run, at its start, and records what it read, which a read
+        in a new run) with ``inputs`` over it: what :func:`pin_inputs` read for the run at its start, which a read
         here would only repeat (a pool read twice)."""
         store.set_meta("settings", self.settings.model_dump(mode="json"))
         store.set_meta("method", {"name": self.method.name, "params": self.method.params.model_dump(mode="json")})
         store.set_meta("prompt_overrides", {o.name: o.sha256 for o in self.overrides})
         recorded = store.get_meta("method_inputs")
-        store.set_meta("method_inputs", recorded if isinstance(recorded, dict) else {})
+        store.set_meta("method_inputs", {**(recorded if isinstance(recorded, dict) else {}), **(inputs or {})})
 
 
 def _input_changed(store: RunStore, count: str, name: str) -> InputError:
@@ -582,24 +582,22 @@ def _input_changed(store: RunStore, count: str, name: str) -> InputError:
     )
 
 
-def pin_inputs(method: Method[Any], store: RunStore, fingerprint: str) -> None:
+def pin_inputs(method: Method[Any], store: RunStore, fingerprint: str) -> dict[str, str]:
     """Read what ``method`` reads outside the run (MATTRL's pool) once, now, for the whole run (the method keeps what
-    it read), and make the run's record of it (:meth:`RunSetup.record`) say what that is. A build that saved the pool
-    after the record was made would otherwise have the run retrieve from content the record does not name: recorded
-    anew where no problem of ``fingerprint`` (:func:`run_fingerprint`) has finished yet, refused (as
-    :meth:`RunSetup.check_resume` refuses) where one has."""
+    it read, and the run's record of it, :meth:`RunSetup.record` of a setup of ``method``, says what that is). A build
+    that saved the pool after a resume's checks would otherwise have the run retrieve from content it never checked:
+    refused (as :meth:`RunSetup.check_resume` refuses) where a problem of ``fingerprint`` (:func:`run_fingerprint`)
+    has finished. What it read is returned, for :meth:`RunSetup.record` once the run's checks pass."""
     used = method.inputs()
     recorded = store.get_meta("method_inputs")
     if not isinstance(recorded, dict):
-        return  # a run of an earlier version, which recorded none: the resume said so (prepare_run)
-    if all(recorded.get(name) == identity for name, identity in used.items()):
-        return
+        return used  # a run of an earlier version, which recorded none: the resume said so (prepare_run)
     changed = [name for name, identity in used.items() if name in recorded and recorded[name] != identity]
     finished = store.finished_problem_ids(fingerprint) if changed else set()
     if finished:
         count = "1 finished problem was" if len(finished) == 1 else f"{len(finished)} finished problems were"
         raise _input_changed(store, count, changed[0])
-    store.set_meta("method_inputs", {**recorded, **used})
+    return used
 
 
 async def served_now(
@@ -788,7 +786,7 @@ def prepare_run(
         except BaseException:
             store.close()
             raise
-        setup.record(store)
+        # Recorded by run_problems once its own checks pass: a resume refused before any call leaves the run as it was.
         return store, settings, StoredProblems(store)
     if problems is None:
         raise InputError("no problems given")
@@ -834,7 +832,9 @@ async def run_problems(
 ) -> RunSummary:
     """Solve every problem not already finished with the same method parameters, or finished with a failed call;
     results are stored as they come.
-    The store holds the run's setup (:func:`prepare_run`, or :meth:`RunSetup.record`); the model is opened here, through
+    The store holds the run's problems (:func:`prepare_run`); the run's setup is recorded in it
+    (:meth:`RunSetup.record`) once the checks before any call pass and a problem is left to solve, so a refused resume
+    leaves the run as it was and a finished one is not written to. The model is opened here, through
     :func:`tmas.llm.factory.open_model`: the endpoint of ``settings``, or ``model``, a
     :class:`tmas.llm.model.ChatModel` of the caller's own, replayed from and recorded in the store all the same.
     ``own_model`` False says that ``model`` is the one ``settings`` name, already open (:class:`SeriesModel`): the run
@@ -853,7 +853,8 @@ async def run_problems(
     """
     state = state or RunState()
     own_model = model is not None if own_model is None else own_model
-    method = run_method(settings, own_model=own_model)
+    setup = RunSetup.check(settings, own_model=own_model)
+    method = setup.method
     fingerprint = run_fingerprint(method, settings)
     finished = store.settled_problem_ids(fingerprint)
     state.total = len(problems) if isinstance(problems, Sized) else store.problem_count()
@@ -865,7 +866,7 @@ async def run_problems(
     # Another process running this directory would send its unfinished problems' calls a second time. A store that
     # prepare_run opened holds the lock already.
     with nullcontext() if store.holds_lock else RunLock(store.run_dir), prompts_from(settings.prompts_dir):
-        pin_inputs(method, store, fingerprint)
+        inputs = pin_inputs(method, store, fingerprint)
         stats = ClientStats()
         log_dir = None if scratch else store.run_dir
         opened = open_model(settings, store, log_dir=log_dir, stats=stats, on_send=turns.sent, model=model)
@@ -905,9 +906,10 @@ async def run_problems(
                 if not own_model and state.total > len(finished):
                     # A server restarted with another model where the run names none: refused before any call (from
                     # what the check just asked, where it did).
-                    setup = RunSetup(settings, method, [])
                     await check_served(setup, store, asked)
                     setup.record_servers(store)
+                if state.total > len(finished):
+                    setup.record(store, inputs)
                 # Each worker is a lane (tmas.llm.lanes): on an endpoint with pin_slots, its calls share one slot.
                 await gather_all(worker(Lane(w, workers)) for w in range(workers))
             except EndpointUnreachable as exc:
