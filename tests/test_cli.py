@@ -372,6 +372,27 @@ def test_a_finished_sweep_resumed_says_there_is_nothing_to_run(sim: SimServer, t
     assert again.stderr.decode().strip().endswith("tmas: nothing to run: every point of the sweep is finished (1)")
 
 
+@pytest.mark.slow
+def test_a_finished_run_resumed_says_there_is_nothing_to_run_and_is_left_as_it_was(
+    sim: SimServer, tmp_path: Path
+) -> None:
+    write_problems(tmp_path / "p.jsonl", 2)
+    run_dir = tmp_path / "run"
+    assert (
+        tmas("run", str(tmp_path / "p.jsonl"), "-o", str(run_dir), "--base-url", sim.base_url, "-m", "cot").returncode
+        == 0
+    )
+    stored = (run_dir / "run.sqlite").read_bytes()
+    sent = sim.stats().total_requests
+    # A setting the finished problems do not depend on: before, the resume recorded it as the run's.
+    again = tmas("run", "--resume", str(run_dir), "--concurrency", "3")
+    assert again.returncode == 0 and json.loads(again.stdout)["calls"] == 0 and sim.stats().total_requests == sent
+    assert (
+        "tmas: nothing to run: every problem of the run is finished (2); its summary follows" in again.stderr.decode()
+    )
+    assert (run_dir / "run.sqlite").read_bytes() == stored
+
+
 def test_environment_variables_configure_the_endpoint(sim: SimServer) -> None:
     env = clean_env()
     env |= {"TMAS_BASE_URL": sim.base_url, "TMAS_MODEL": "from-env"}

@@ -336,6 +336,10 @@ def _resume_run(
         # A pooled token budget's bank starts with what the settled problems left: the others may spend it.
         banked = setup.pooled_left(peek, settled)
     solving = count - len(settled)
+    if not solving:
+        typer.echo(
+            f"tmas: nothing to run: every problem of the run is finished ({count}); its summary follows", err=True
+        )
     pilot_dir = run_dir / "pilot"
     planned = build_estimate([(run_dir.name, settings)], listed, estimate, pilot_dir, solving=solving, banked=[banked])
     planned.stored_calls = replay_credit(planned.points[0], replays)
