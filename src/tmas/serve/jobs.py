@@ -30,7 +30,7 @@ from tmas.methods import METHODS, check_given_params, create_method, question_pa
 from tmas.methods.base import ProblemResult
 from tmas.planning.estimate import QUESTION_CALLS
 from tmas.problems import Problem
-from tmas.runner import RunSetup, run_problems
+from tmas.runner import run_problems
 from tmas.serve.admission import Admission
 from tmas.serve.api_errors import ApiError
 from tmas.serve.client_sampling import ClientSampling, request_sampling
@@ -452,7 +452,6 @@ class ServedRuns:
                 # A run that ended with a reply no client has had: that reply, from its store, as it ended.
                 return kept
             (job.run_dir / PENDING).touch()
-            RunSetup.check(settings).record(store)
             # An in-process model is the settings' own, opened once here: each run is as one that opens it.
             await run_problems(settings, problems, store, model=self.model, own_model=False)
             result = store.result(problems[0].problem_id)
