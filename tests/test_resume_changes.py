@@ -96,6 +96,10 @@ def test_a_resume_that_solves_every_finished_problem_again_may_change_the_sampli
     resumed = tmas("run", "--resume", str(run_dir), "-T", "2", "--temperature", "0.3")
     assert resumed.returncode == 0, resumed.stderr
     assert len(sim.requests) == 2 * 2 * 2 and {r.body["temperature"] for r in sim.requests} == {0.3}
+    assert (
+        "tmas: resumed with other method parameters (iterations 1 (now 2)): the run's 1 finished problem is"
+        " solved again under them, their stored calls replayed where asked alike"
+    ) in resumed.stderr
 
 
 def test_a_finished_sweep_point_is_not_skipped_under_other_requests(sim: SimServer, tmp_path: Path) -> None:

@@ -391,6 +391,20 @@ class RunSetup:
             if old.get(name) != new.get(name)
         ]
 
+    def changed_params(self, store: RunStore) -> list[str]:
+        """The method parameters this setup gives otherwise than ``store``'s run recorded, each as ``NAME OLD (now
+        NEW)``: its finished problems are then solved again (their stored calls replayed where asked alike). None
+        where the run recorded another method (refused) or none."""
+        before = store.get_meta("method")
+        if not isinstance(before, dict) or before.get("name") != self.method.name:
+            return []
+        old, new = before.get("params") or {}, self.method.params.model_dump(mode="json")
+        return [
+            f"{name} {_shown(old.get(name))} (now {_shown(new.get(name))})"
+            for name in sorted(old.keys() | new.keys())
+            if old.get(name) != new.get(name)
+        ]
+
     def changed_handling(self, store: RunStore) -> list[str]:
         """Where this setup sends the calls or reads their replies otherwise than ``store``'s recorded settings did
         (:meth:`handling`), each as ``NAME OLD (now NEW)``."""

@@ -335,7 +335,17 @@ def _resume_run(
         spent = setup.replayed_tokens(peek, settled)
         # A pooled token budget's bank starts with what the settled problems left: the others may spend it.
         banked = setup.pooled_left(peek, settled)
+        # Other method parameters solve the problems finished under the old ones again: said, not done silently.
+        params = setup.changed_params(peek)
+        again = len(peek.finished_problem_ids() - settled) if params else 0
     solving = count - len(settled)
+    if again:
+        typer.echo(
+            f"tmas: resumed with other method parameters ({'; '.join(params)}): the run's {again} finished"
+            f" problem{' is' if again == 1 else 's are'} solved again under them, their stored calls replayed where"
+            " asked alike",
+            err=True,
+        )
     if not solving:
         typer.echo(
             f"tmas: nothing to run: every problem of the run is finished ({count}); its summary follows", err=True
