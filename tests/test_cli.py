@@ -21,7 +21,7 @@ from tmas.config import load_settings
 from tmas.errors import ConfigError
 from tmas.problems import load_problems
 from tmas.store.run_lock import running
-from tmas.testing import ScriptedModel, SimScript, SimServer
+from tmas.testing import Rule, ScriptedModel, SimScript, SimServer
 
 
 def tmas(*args: str, stdin: bytes | None = None, cwd: Path | None = None) -> subprocess.CompletedProcess[bytes]:
@@ -391,6 +391,24 @@ def test_a_finished_run_resumed_says_there_is_nothing_to_run_and_is_left_as_it_w
         "tmas: nothing to run: every problem of the run is finished (2); its summary follows" in again.stderr.decode()
     )
     assert (run_dir / "run.sqlite").read_bytes() == stored
+
+
+def test_a_sweep_point_solved_without_a_failed_calls_reply_says_the_sweep_asks_it_again(tmp_path: Path) -> None:
+    write_problems(tmp_path / "p.jsonl", 1)
+    out = tmp_path / "sweep"
+    with SimServer(SimScript(rules=[Rule(role="refiner", fault="http_400")])) as sim:
+        ran = tmas(
+            "sweep", "-o", str(out), "--problems", str(tmp_path / "p.jsonl"), "-m", "self_refine", "-m", "cot",
+            "-p", "n=1", "-p", "iterations=2", "--base-url", sim.base_url, "--no-report",
+        )  # fmt: skip
+    assert ran.returncode == 0, ran.stderr.decode()
+    points = {p["name"]: p for p in json.loads(ran.stdout)["points"]}
+    assert {name: p["failed_calls"] for name, p in points.items()} == {"self_refine__iterations=2__n=1": 1, "cot": 0}
+    notices = [line for line in ran.stderr.decode().splitlines() if line.startswith("notice: ")]
+    assert notices == [
+        "notice: point self_refine__iterations=2__n=1: 1 finished problem holds calls that failed after their retries"
+        f" (solved without their replies): 'tmas sweep --resume {out} --no-report' asks them again"
+    ]
 
 
 def test_environment_variables_configure_the_endpoint(sim: SimServer) -> None:

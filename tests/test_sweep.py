@@ -257,6 +257,37 @@ async def test_a_finished_point_with_a_failed_call_is_resumed_and_asks_only_that
     assert [o.status for o in third.outcomes] == ["skipped"] and idle.calls == []
 
 
+async def test_a_point_whose_calls_fail_is_recorded_unfinished_and_the_others_go_on(tmp_path: Path) -> None:
+    spec = SweepSpec(
+        problems=write_problems(tmp_path / "problems.jsonl"),
+        study=[Study(methods=["self_refine", "cot"], params={"iterations": 2, "n": 2})],
+    )
+    # Every refinement of self_refine fails after its retries: its problems are solved without them.
+    failing = ScriptedModel(SimScript(rules=[Rule(role="refiner", fault="http_500")]))
+    summary = await run_sweep(spec, failing.settings, tmp_path / "sweep", model=failing)
+    # The next point ran all the same.
+    assert [(o.point.name, o.status) for o in summary.outcomes] == [
+        ("self_refine__iterations=2__n=2", "new"),
+        ("cot", "new"),
+    ]
+    points = {p["name"]: p for p in summary.to_dict()["points"]}
+    # self_refine's n = 2 refinements of each of the 3 problems failed: the summary says so, and the manifest does
+    # not count the point finished (run again, it is resumed, not skipped).
+    assert points["self_refine__iterations=2__n=2"]["failed_calls"] == 2 * len(PROBLEMS)
+    assert points["cot"]["failed_calls"] == 0
+    manifest = json.loads((tmp_path / "sweep" / "sweep.json").read_text())["points"]
+    assert {name: p["finished"] for name, p in manifest.items()} == {
+        "self_refine__iterations=2__n=2": False,
+        "cot": True,
+    }
+    healthy = ScriptedModel(SimScript())
+    again = await run_sweep(spec, healthy.settings, tmp_path / "sweep", model=healthy)
+    assert [o.status for o in again.outcomes] == ["resumed", "skipped"]
+    assert {c.key.role for c in healthy.calls} == {"refiner"}
+    manifest = json.loads((tmp_path / "sweep" / "sweep.json").read_text())["points"]
+    assert all(p["finished"] for p in manifest.values())
+
+
 @pytest.mark.parametrize("problems_stored", [False, True])
 async def test_a_point_killed_while_storing_its_problems_is_run_anew(tmp_path: Path, problems_stored: bool) -> None:
     problems = write_problems(tmp_path / "problems.jsonl")

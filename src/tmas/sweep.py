@@ -165,6 +165,9 @@ class SweepSummary:
                     "status": o.status,
                     "calls": o.summary.calls if o.summary else 0,
                     "failed": o.summary.failed if o.summary else 0,
+                    # Calls that failed after their retries, their problems solved without the replies: the point is
+                    # not finished, and the sweep run again asks them.
+                    "failed_calls": o.summary.failed_calls if o.summary else 0,
                 }
                 for o in self.outcomes
             ],
@@ -634,7 +637,7 @@ def open_point(
     if holds_run(run_dir):
         with RunStore(run_dir, create=False) as peek:
             setup = RunSetup.check(point_settings, own_model=own_model)
-            if len(setup.settled(peek)) == peek.problem_count():
+            if _settled(setup, peek):
                 # Skipped only where its results are of the requests the sweep asks now (a resumed point is checked
                 # so by prepare_run).
                 setup.check_resume(peek)
@@ -645,6 +648,12 @@ def open_point(
     store.set_meta("dataset", dataset)
     store.set_meta("sweep", {"point": point.name, "studies": point.studies})
     return "new", store, point_settings, todo
+
+
+def _settled(setup: RunSetup, store: RunStore) -> bool:
+    """Whether every problem of the point's run is finished as ``setup`` asks and without a failed call: the point is
+    skipped when the sweep runs again."""
+    return len(setup.settled(store)) == store.problem_count()
 
 
 async def run_sweep(
@@ -686,13 +695,16 @@ async def _run_held(
                 # The paper's name for these problems: the report puts the published cells beside this run's.
                 store.set_meta("paper_benchmark", spec.about.benchmark)
             outcome = PointOutcome(point, status)
+            finished = True
             if store is not None:
                 state = RunState()
                 if on_start is not None:
                     on_start(point, state)
                 with store:
                     outcome.summary = await series.run(point_settings, todo, store, state=state, on_result=on_result)
-            manifest["points"][point.name]["finished"] = True
+                    # A problem failed, or solved without a failed call's reply: the sweep run again resumes it.
+                    finished = _settled(RunSetup.check(point_settings, own_model=series.own), store)
+            manifest["points"][point.name]["finished"] = finished
             _write_manifest(out_dir, manifest)
             outcomes.append(outcome)
             if on_point is not None:

@@ -398,7 +398,8 @@ def _execute(store: RunStore, settings: Settings, todo: StoredProblems) -> int:
     for line in summary.notices:
         typer.echo(f"notice: {line}", err=True)
     if summary.problems_with_failed_calls:
-        typer.echo(f"notice: {failed_calls_line(summary.problems_with_failed_calls, summary.run_dir)}", err=True)
+        again = f"tmas run --resume {summary.run_dir}"
+        typer.echo(f"notice: {failed_calls_line(summary.problems_with_failed_calls, again)}", err=True)
     done = summary.done
     where = f" (every problem's error: tmas export {summary.run_dir})" if summary.failed else ""
     typer.echo(failed_line(done, summary.failed, summary.failures, where), err=True)
@@ -725,12 +726,16 @@ def _sweep_plan(
     return spec, settings, out
 
 
-def _sweep_exit(summary: SweepSummary) -> None:
-    """The last line over every point's problems, and the exit code it implies."""
+def _sweep_exit(summary: SweepSummary, again: str) -> None:
+    """A notice for each point whose finished problems hold failed calls (``again`` asks them), then the last line over
+    every point's problems, and the exit code it implies."""
     runs = [o.summary for o in summary.outcomes if o.summary is not None]
     if not runs:
         typer.echo(f"tmas: nothing to run: every point of the sweep is finished ({len(summary.outcomes)})", err=True)
         return
+    for outcome in summary.outcomes:
+        if outcome.summary is not None and (held := outcome.summary.problems_with_failed_calls):
+            typer.echo(f"notice: point {outcome.point.name}: {failed_calls_line(held, again)}", err=True)
     done, failed = sum(r.done for r in runs), sum(r.failed for r in runs)
     reasons: Counter[str] = Counter()
     for run_summary in runs:
@@ -862,7 +867,7 @@ def sweep(
             again = f"tmas sweep --resume {out}{grade_words(grade_config)}"
             raise stop.saying(f"every point is kept: write the report with '{again}'") from None
     typer.echo(json.dumps(summary.to_dict(), indent=2))
-    _sweep_exit(summary)
+    _sweep_exit(summary, again)
 
 
 app.add_typer(data_app, name="data")

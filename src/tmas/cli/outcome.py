@@ -10,7 +10,6 @@ Ctrl-C and 143 by SIGTERM, finished work kept.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from pathlib import Path
 
 # Nothing was started: the cost gate's question was answered no (as bad input: nothing was run).
 EXIT_NOT_STARTED = 2
@@ -41,13 +40,10 @@ def exit_code(done: int, failed: int) -> int:
     return EXIT_ALL_FAILED if not done else EXIT_SOME_FAILED
 
 
-def failed_calls_line(problems: int, run_dir: Path) -> str:
-    """What a run whose finished problems hold failed calls can do about them."""
+def failed_calls_line(problems: int, again: str) -> str:
+    """What a run whose finished problems hold failed calls can do about them: the command ``again`` asks them."""
     which = "1 finished problem holds" if problems == 1 else f"{problems} finished problems hold"
-    return (
-        f"{which} calls that failed after their retries (solved without their replies):"
-        f" 'tmas run --resume {run_dir}' asks them again"
-    )
+    return f"{which} calls that failed after their retries (solved without their replies): '{again}' asks them again"
 
 
 def failed_line(done: int, failed: int, reasons: Mapping[str, int], where: str = "") -> str:
