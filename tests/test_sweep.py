@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 from typer.testing import CliRunner
 
-from conftest import scripted_settings
+from conftest import run_tmas, scripted_settings
 from scripted_runs import GoneModel
 from tmas.cli.main import app
 from tmas.config import Budget
@@ -822,3 +822,14 @@ def test_tmas_sweep_in_a_directory_a_sweep_is_running_in_is_refused_before_any_c
     # Let go, the same sweep runs.
     ran = CliRunner().invoke(app, args)
     assert ran.exit_code == 0, ran.output
+
+
+async def test_export_and_report_given_a_sweep_directory_say_where_its_runs_are(tmp_path: Path) -> None:
+    spec = SweepSpec(problems=write_problems(tmp_path / "problems.jsonl"), study=[Study(methods=["cot"])])
+    model = ScriptedModel(SimScript())
+    sweep = tmp_path / "sweep"
+    await run_sweep(spec, model.settings, sweep, model=model)
+    said = f"{sweep}: a sweep, not a run directory: each point's run is a directory of {sweep / 'runs'}"
+    for args in (["export", str(sweep)], ["report", str(sweep), "-o", str(tmp_path / "r"), "--no-grade"]):
+        out = run_tmas(*args, text=True)
+        assert out.returncode == 2 and out.stderr.strip().splitlines() == [f"tmas: error: {said}"]

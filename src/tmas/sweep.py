@@ -57,11 +57,11 @@ from tmas.runner import (
     run_method,
 )
 from tmas.store.run_lock import LOCK_NAME, LockHeld, RunLock
-from tmas.store.run_store import RunStore
+from tmas.store.run_store import SWEEP_MANIFEST, SWEEP_RUNS, RunStore
 
-MANIFEST = "sweep.json"
+MANIFEST = SWEEP_MANIFEST
 # The folder of a sweep directory that holds one run directory per point.
-POINTS_DIR = "runs"
+POINTS_DIR = SWEEP_RUNS
 
 
 class Study(BaseModel):

@@ -49,6 +49,11 @@ from tmas.store.texts import TextBlobs
 __all__ = ["DB_NAME", "SCHEMA_VERSION", "DamagedStore", "GradeRow", "RunStore", "Spent", "StoreError", "UnknownSchema"]
 
 
+# A sweep directory's manifest, and its folder of one run directory per point (tmas.sweep).
+SWEEP_MANIFEST = "sweep.json"
+SWEEP_RUNS = "runs"
+
+
 class RunStore:
     """Open (creating if needed) the store of ``run_dir``; ``read_only`` for readers beside a live writer."""
 
@@ -57,6 +62,11 @@ class RunStore:
         self.path = self.run_dir / DB_NAME
         self._lock: RunLock | None = None
         if (read_only or not create) and not self.path.is_file():
+            if (self.run_dir / SWEEP_MANIFEST).is_file():
+                runs = self.run_dir / SWEEP_RUNS
+                raise StoreError(
+                    f"{self.run_dir}: a sweep, not a run directory: each point's run is a directory of {runs}"
+                )
             raise StoreError(f"{self.run_dir}: not a run directory (no {DB_NAME})")
         migrate = False
         if read_only:
