@@ -165,7 +165,8 @@ def test_solve_into_a_run_directory_holding_a_run_names_the_commands_resume(sim:
     again = tmas(*args)
     # The command's own advice, not the Python API's (tmas solve goes through it).
     assert again.returncode == 2 and again.stderr.decode().splitlines()[-1] == (
-        f"tmas: error: {tmp_path / 'q'}: already holds a run; continue it with --resume or choose another directory"
+        f"tmas: error: {tmp_path / 'q'}: already holds a run; continue it with 'tmas run --resume {tmp_path / 'q'}' or"
+        " choose another directory"
     )
 
 
@@ -175,13 +176,14 @@ def test_run_refuses_to_overwrite_a_run(sim: SimServer, tmp_path: Path) -> None:
     args = ("run", str(tmp_path / "p.jsonl"), "-o", str(tmp_path / "run"), "--base-url", sim.base_url, "-m", "cot")
     assert tmas(*args).returncode == 0
     again = tmas(*args)
-    assert again.returncode == 2 and "--resume" in again.stderr.decode()
+    assert again.returncode == 2 and f"'tmas run --resume {tmp_path / 'run'}'" in again.stderr.decode()
     # Refused before its estimate too, whose pilot would send calls and make a pilot run in the run's directory.
     sent = sim.stats().total_requests
     piloted = tmas(*args, "--pilot", "1", "-y")
     assert piloted.returncode == 2 and sim.stats().total_requests == sent
     assert piloted.stderr.decode().splitlines() == [
-        f"tmas: error: {tmp_path / 'run'}: already holds a run; continue it with --resume or choose another directory"
+        f"tmas: error: {tmp_path / 'run'}: already holds a run; continue it with 'tmas run --resume {tmp_path / 'run'}'"
+        " or choose another directory"
     ]
     assert not (tmp_path / "run" / "pilot").exists()
 

@@ -499,7 +499,7 @@ def test_a_solves_run_dir_that_cannot_be_one_is_said_before_the_estimate(
     assert out.returncode == 2
     said = {
         "file": "a file, not a directory: a run is kept in a directory (choose another)",
-        "run": "already holds a run; continue it with --resume or choose another directory",
+        "run": f"already holds a run; continue it with 'tmas run --resume {run_dir}' or choose another directory",
     }[held]
     assert out.stderr.strip().splitlines() == [f"tmas: error: {run_dir}: {said}"]
     assert sim.stats().total_requests == sent
@@ -853,3 +853,23 @@ def test_judge_flags_of_a_report_that_grades_nothing_are_refused(tmp_path: Path)
     assert last_line(out) == (
         "tmas: error: --base-url, --judge-model: --no-grade reads stored grades and asks no judge; leave them out"
     )
+
+
+@pytest.mark.parametrize("command", ["run", "solve", "eval"])
+def test_a_new_run_into_a_directory_holding_one_names_the_command_that_continues_it(
+    tmp_path: Path, command: str
+) -> None:
+    # tmas solve and tmas eval have no --resume: each names the command that has one, not a flag of its own.
+    run_dir = tmp_path / "run"
+    with RunStore(run_dir) as store:
+        store.set_meta("settings", {})
+    (tmp_path / "p.jsonl").write_text(json.dumps({"problem_id": "p1", "question": Q, "answer": "391"}) + "\n")
+    given = {"run": [str(tmp_path / "p.jsonl")], "solve": [Q], "eval": [str(tmp_path / "p.jsonl"), "--grade", "rules"]}
+    with dead_url() as dead:  # refused before any call
+        out = run_tmas(command, *given[command], "-m", "cot", "-o", str(run_dir), "--base-url", dead, text=True)
+    assert out.returncode == 2
+    then = {"eval": f", then 'tmas report {run_dir} -o {run_dir / 'report'} --grade rules',"}.get(command, "")
+    assert out.stderr.strip().splitlines() == [
+        f"tmas: error: {run_dir}: already holds a run; continue it with 'tmas run --resume {run_dir}'{then} or choose"
+        " another directory"
+    ]

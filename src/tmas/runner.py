@@ -739,9 +739,11 @@ def check_new_run_dir(run_dir: Path) -> None:
 
 class RunExists(InputError):
     """A new run is refused in ``run_dir``: it holds a run already. ``resume``: how its caller continues that run
-    (``--resume`` on the commands; :func:`tmas.api.aresume` in the Python API)."""
+    (``tmas run --resume`` by default, for tmas run and tmas solve alike; :func:`tmas.api.aresume` in the Python
+    API)."""
 
-    def __init__(self, run_dir: Path, resume: str = "--resume") -> None:
+    def __init__(self, run_dir: Path, resume: str | None = None) -> None:
+        resume = resume or f"'tmas run --resume {run_dir}'"
         super().__init__(f"{run_dir}: already holds a run; continue it with {resume} or choose another directory")
         self.run_dir = run_dir
 

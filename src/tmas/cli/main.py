@@ -628,7 +628,7 @@ def evaluate(
     if report_dir is not None:
         # Said before the run, not after it.
         check_out_dir(report_dir, "the report is written into a directory", "--report-dir")
-    from tmas.runner import StoreFailed, Unreachable
+    from tmas.runner import RunExists, StoreFailed, Unreachable
 
     report_dir = report_dir or out / "report"
     report = f"tmas report {out} -o {report_dir}{grade_words(grade_config)}"
@@ -639,6 +639,8 @@ def evaluate(
         settings = flags.settings(method, given)
         flags.check_token_flags(settings.budget)
         code = _new_run(problems, out, settings, limit, estimate, judge_calls(grade_config))
+    except RunExists as exc:  # continued as tmas run, then reported
+        raise RunExists(exc.run_dir, f"'tmas run --resume {out}', then '{report}',") from None
     except interrupt.Stopped as stop:
         if stop.next_step is None:  # stopped before its run began
             raise
