@@ -8,14 +8,16 @@ import gzip
 import json
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from conftest import clean_env, run_tmas
 from tmas.answer_rules import check_pair
-from tmas.data.importers import import_problems, write_problems
+from tmas.data.importers import import_problems
 from tmas.errors import InputError
+from tmas.jsonl import write_jsonl as write_records
 from tmas.problems import load_problems
 
 HLE_ROWS = [
@@ -139,7 +141,7 @@ def test_an_answer_of_several_values_is_stored_as_the_graders_read_it(tmp_path: 
     assert check_pair(rows[0]["answer"], "\\boxed{2, 3}").correct is True
     assert check_pair(rows[0]["answer"], "\\boxed{3, 2}").correct is None
     written = tmp_path / "out.jsonl"
-    write_problems(rows, written)
+    write_records(rows, written)
     assert [p.answer for p in load_problems(written)] == ["2, 3", "AB, CL", "[1, 2], [3, 4]", '{"a": 1, "b": "é"}']
     pq = pytest.importorskip("pyarrow.parquet")
     import pyarrow as pa
@@ -318,6 +320,33 @@ def test_an_out_that_is_the_download_or_a_folder_is_refused_before_anything_is_w
     )
     assert done.stderr.strip().splitlines() == [f"tmas: error: --out {target} {said}"]
     assert src.read_bytes() == before
+
+
+def test_an_out_under_a_file_is_refused_in_one_line_before_anything_is_read(tmp_path: Path) -> None:
+    # Before: "FILE: File exists", exit 1, once the whole download was read.
+    above = tmp_path / "taken"
+    above.write_text("kept")
+    target = above / "x.jsonl"
+    done = run_tmas("data", "import", "hle", str(tmp_path / "none.jsonl"), "-o", str(target), text=True)
+    assert done.returncode == 2
+    assert done.stderr.strip().splitlines() == [
+        f"tmas: error: --out {target}: {above} is a file, not a directory (choose another)"
+    ]
+    assert above.read_text() == "kept"
+
+
+def test_a_write_cut_short_leaves_the_earlier_file_as_it_was(tmp_path: Path) -> None:
+    out = tmp_path / "problems.jsonl"
+    out.write_text('{"problem_id": "old"}\n')
+
+    def records() -> Iterator[dict[str, object]]:
+        yield {"problem_id": "new"}
+        raise OSError("No space left on device")
+
+    with pytest.raises(OSError, match="No space left"):
+        write_records(records(), out)
+    assert out.read_text() == '{"problem_id": "old"}\n'
+    assert [p.name for p in tmp_path.iterdir()] == ["problems.jsonl"]
 
 
 def test_a_directory_or_a_missing_file_is_named_as_such(tmp_path: Path) -> None:

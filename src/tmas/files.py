@@ -95,7 +95,14 @@ def check_out_dir(path: Path, kept: str, flag: str | None = None) -> None:
     named = f"{flag} {path}" if flag else str(path)
     if path.exists() and not path.is_dir():
         raise InputError(f"{named}: a file, not a directory: {kept} (choose another)")
-    existing = path
+    check_creatable(path, flag)
+
+
+def check_creatable(path: Path, flag: str | None = None) -> None:
+    """:class:`InputError` naming ``path`` (after the ``flag`` that gave it, where one did) where it cannot be made:
+    a file above it, or a nearest existing folder this process may not write in."""
+    named = f"{flag} {path}" if flag else str(path)
+    existing = path.parent
     while not existing.exists() and existing != existing.parent:
         existing = existing.parent
     if not existing.is_dir():

@@ -1,14 +1,15 @@
 """Reading JSON Lines files of objects (problem files, imported benchmarks, cases, build outputs): one reader, so
-every such file is read alike and a bad line is named the same way."""
+every such file is read alike and a bad line is named the same way; and writing them, whole or not at all."""
 
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
 from tmas.errors import InputError
+from tmas.files import replacing
 
 _BOM = b"\xef\xbb\xbf"
 # How files a reader of UTF-8 text cannot take begin, and what to do with them: read as text, their first line is
@@ -53,6 +54,18 @@ def read_objects(path: Path, *, lenient: bool = False) -> Iterator[tuple[str, in
                 raise
             if record is not None:
                 yield where, number, record
+
+
+def write_jsonl(records: Iterable[dict[str, Any]], path: Path) -> int:
+    """Write ``records`` to ``path`` as JSONL, one a line, and return their count. Written beside it, then put in its
+    place: a write cut short leaves an earlier file as it was."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    count = 0
+    with replacing(path) as handle:
+        for record in records:
+            handle.write(json.dumps(record, ensure_ascii=False) + "\n")
+            count += 1
+    return count
 
 
 class _RepeatedKey(ValueError):

@@ -13,6 +13,7 @@ from tmas.cli import interrupt
 from tmas.cli.estimate import GateFlags, gate_options
 from tmas.cli.options import ModelFlags, model_options
 from tmas.errors import InputError
+from tmas.files import check_creatable
 
 if TYPE_CHECKING:
     from tmas.config import Settings
@@ -34,10 +35,12 @@ def data_generate(
     level: Annotated[int, typer.Option("--level", help="Difficulty, 1 (easy) to 5.")] = 1,
 ) -> None:
     """Write problems whose answers are computed by code (tilings, recurrences, modular arithmetic, ...)."""
-    from tmas.data.generators import FAMILIES, generate, write_jsonl
+    from tmas.data.generators import FAMILIES, generate
+    from tmas.jsonl import write_jsonl
 
     if family != "all" and family not in FAMILIES:
         raise InputError(f"unknown family {family!r}; known: {', '.join(FAMILIES)}, all")
+    check_creatable(out, "--out")
     count = write_jsonl(generate(family, n, seed=seed, level=level), out)
     typer.echo(f"wrote {count} problems to {out}")
 
@@ -148,17 +151,19 @@ def data_import(
     ] = False,
 ) -> None:
     """Convert an official benchmark file into tmas problems (problem_id, question, answer, its other fields)."""
-    from tmas.data.importers import LAYOUTS, import_problems, write_problems
+    from tmas.data.importers import LAYOUTS, import_problems
+    from tmas.jsonl import write_jsonl
 
     if source not in LAYOUTS:
         raise InputError(f"unknown source {source!r}; known: {', '.join(LAYOUTS)}")
     if out.is_dir():
         raise InputError(f"--out {out} is a directory: give the file to write")
+    check_creatable(out, "--out")
     if out.exists() and out.resolve() == file.resolve():
         # The download would be replaced by its conversion, the fields this import leaves out lost with it.
         raise InputError(f"--out {out} is the file being imported: write the problems to another file")
     records = import_problems(file, source, keep_all=keep_all)
-    write_problems(records, out)
+    write_jsonl(records, out)
     typer.echo(f"wrote {len(records)} problems to {out}")
 
 

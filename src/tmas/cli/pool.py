@@ -413,7 +413,7 @@ def fewshot(
     which --prompts-dir, prompts_dir or TMAS_PROMPTS_DIR may replace)."""
     from tmas.agents.overrides import check_overrides
     from tmas.agents.templates import prompts_from
-    from tmas.data.generators import write_jsonl
+    from tmas.jsonl import write_jsonl
     from tmas.pool.fewshot import with_exemplars
     from tmas.problems import load_problems
 

@@ -9,13 +9,11 @@ Levels run from 1 (a small model can do it by hand) to 5 (needs a real method; b
 
 from __future__ import annotations
 
-import json
 import math
 import random
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from functools import cache
-from pathlib import Path
 from typing import Any
 
 from tmas.errors import InputError
@@ -248,13 +246,3 @@ def _records(names: list[str], n: int, seed: int, level: int) -> Iterator[dict[s
                 "seed": seed,
                 "params": made.params,
             }
-
-
-def write_jsonl(records: Iterator[dict[str, Any]], path: Path) -> int:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    count = 0
-    with path.open("w", encoding="utf-8") as handle:
-        for record in records:
-            handle.write(json.dumps(record, ensure_ascii=False) + "\n")
-            count += 1
-    return count

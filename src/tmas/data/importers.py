@@ -225,10 +225,3 @@ def import_problems(path: Path, layout_name: str, *, keep_all: bool = False) -> 
         filtered = layout.name == "hle" and not keep_all
         raise InputError(f"{path}: no problems to import" + (" (none matched the default filter)" if filtered else ""))
     return out
-
-
-def write_problems(records: list[dict[str, Any]], out: Path) -> None:
-    out.parent.mkdir(parents=True, exist_ok=True)
-    with out.open("w", encoding="utf-8") as handle:
-        for record in records:
-            handle.write(json.dumps(record, ensure_ascii=False) + "\n")
