@@ -704,3 +704,45 @@ async def test_a_run_stored_when_every_sample_went_with_the_configured_seed_repl
     await aresume(tmp_path / "run")
     assert sim.chat_bodies("solution") == []
     assert [(c.key.sample, s["seed"], c.content) for c, s in stored(tmp_path / "run")] == before
+
+
+@pytest.mark.parametrize(
+    ("toml", "env", "said"),
+    [
+        (
+            '[endpoint]\npin_slots = true\nbatch_samples = "on"\n',
+            {},
+            'CONFIG: endpoint.pin_slots = true and endpoint.batch_samples = "on" never go together',
+        ),
+        (
+            '[endpoint]\npin_slots = true\n[roles.verification]\nbatch_samples = "on"\n',
+            {},
+            'CONFIG: endpoint.pin_slots = true and roles.verification.batch_samples = "on" never go together',
+        ),
+        (
+            '[endpoint]\nbatch_samples = "on"\n',
+            {"TMAS_PIN_SLOTS": "true"},
+            'settings: endpoint.pin_slots = true and endpoint.batch_samples = "on" never go together',
+        ),
+    ],
+)
+def test_batch_samples_on_with_pinned_slots_is_refused_naming_both_keys(
+    tmp_path: Path, toml: str, env: dict[str, str], said: str
+) -> None:
+    # A pinned slot takes one call at a time: each sample went as its own request, the "on" asked for ignored
+    # without a word.
+    config = tmp_path / "tmas.toml"
+    config.write_text(toml)
+    with pytest.raises(ConfigError) as refused:
+        load_settings(config, environ=env)
+    assert str(refused.value) == (
+        said.replace("CONFIG", str(config))
+        + ' (a pinned slot takes one call at a time, each sample its own request): set batch_samples to "auto" or'
+        ' "off"'
+    )
+
+
+def test_a_role_that_pins_no_slot_may_batch_beside_a_pinned_default(tmp_path: Path) -> None:
+    config = tmp_path / "tmas.toml"
+    config.write_text('[endpoint]\npin_slots = true\n[roles.verification]\npin_slots = false\nbatch_samples = "on"\n')
+    assert load_settings(config, environ={}).roles["verification"].batch_samples == "on"

@@ -32,6 +32,7 @@ from tmas.config import (
     Settings,
     check_embedding_role,
     check_extra_body,
+    check_pinned_batches,
     config_sampling_sources,
     config_source,
     load_settings,
@@ -424,6 +425,7 @@ def _settings_of(settings: Settings | Mapping[str, Any] | None, model: ChatModel
             raise ConfigError(validation_message(exc, "settings")) from None
         check_extra_body(given, "settings")
         check_embedding_role(given, "settings")
+        check_pinned_batches(given, "settings")
         check_settings_params(given, "settings")
         return given
     if settings is not None:

@@ -229,6 +229,24 @@ def check_embedding_role(settings: Settings, source: str) -> None:
         raise ConfigError(f"{source}: {refusal}")
 
 
+def check_pinned_batches(settings: Settings, source: str) -> None:
+    """A one-line :class:`ConfigError` naming ``source`` and both keys where an endpoint (the default, or a role's as
+    its own fields and the default's make it) has ``pin_slots`` on and ``batch_samples = "on"``: a pinned slot takes
+    one call at a time, so its samples always go one request each (:meth:`tmas.llm.refusals.Refusals.batches`), and
+    the "on" asked for would be ignored. Checked where settings are given, as :func:`check_extra_body` is."""
+    default = settings.endpoint
+    tables = [("endpoint", None, None)] + [
+        (f"roles.{name}", role.pin_slots, role.batch_samples) for name, role in settings.roles.items()
+    ]
+    for at, pin, batch in tables:
+        pin_at, batch_at = (at if pin is not None else "endpoint"), (at if batch is not None else "endpoint")
+        if (default.pin_slots if pin is None else pin) and (default.batch_samples if batch is None else batch) == "on":
+            raise ConfigError(
+                f'{source}: {pin_at}.pin_slots = true and {batch_at}.batch_samples = "on" never go together (a pinned'
+                ' slot takes one call at a time, each sample its own request): set batch_samples to "auto" or "off"'
+            )
+
+
 StructuredOutput = Literal["auto", "json_schema", "off"]
 ReasoningPlace = Literal["auto", "separate", "inline", "none"]
 StreamMode = Literal["auto", "on", "off"]
@@ -294,7 +312,7 @@ class Endpoint(Strict):
     # off elsewhere (llama-server refuses n > 1, or more than its slots; docs/sampling_and_budgets.md says why OpenAI
     # too); "on": always, going on with one request per sample (a recorded downgrade) once a server refuses `n`;
     # "off": never.
-    # Never with pin_slots.
+    # "on" is refused with pin_slots, which sends each sample on its own (check_pinned_batches).
     batch_samples: BatchSamples = "auto"
     # How a call picks one of several replicas (tmas.llm.routing): "cache" sends it to the replica that served the
     # longest prefix of its prompt (a candidate's verifications and summary go where its solution went), unless that
@@ -738,6 +756,7 @@ def load_settings(
         raise ConfigError(validation_message(exc, source)) from None
     check_extra_body(given_settings, source)
     check_embedding_role(given_settings, source)
+    check_pinned_batches(given_settings, source)
     sources = config_sampling_sources(data)
     given = {var: env[var] for var in ENV_KEYS if env.get(var)}
     _choose_model(data, {ENV_KEYS[var]: value for var, value in given.items()})
@@ -756,6 +775,7 @@ def load_settings(
             raise ConfigError(validation_message(exc, f"environment ({', '.join(named)})")) from None
     data["sampling_sources"] = sources
     settings = _overridden(data, overrides or {})
+    check_pinned_batches(settings, "settings")  # as the variables and flags leave them
     warn_unknown_env(env, {settings.endpoint.api_key_env, *(role.api_key_env for role in settings.roles.values())})
     return settings
 
