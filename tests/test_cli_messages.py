@@ -515,9 +515,12 @@ def test_a_report_of_a_run_that_never_began_says_so(tmp_path: Path, left: str) -
     if left == "problems":
         with RunStore(run_dir) as store:
             store.add_problems([Problem(problem_id="p1", question="What is 1+1?", answer="2")])
+    before = {p.name: p.read_bytes() for p in run_dir.iterdir()}
     out = run_tmas("report", str(run_dir), "-o", str(tmp_path / "report"), "--grade", "rules", text=True)
     assert out.returncode == 2
     assert last_line(out) == f"tmas: error: {run_dir}: holds no run to report: it was stopped before its first call"
+    if left == "empty":  # left as it was: no schema written into the file
+        assert {p.name: p.read_bytes() for p in run_dir.iterdir()} == before
     assert not (tmp_path / "report").exists()
 
 

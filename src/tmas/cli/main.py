@@ -413,16 +413,14 @@ def export(
     calls: Annotated[bool, typer.Option("--calls", help="Export every LLM call instead of the results.")] = False,
 ) -> None:
     """Write a run's results (or calls) as JSONL."""
-    from tmas.store.run_store import DB_NAME, RunStore, StoreError
+    from tmas.store.run_store import DB_NAME, RunStore, check_began
 
     if out is not None and out.resolve().parent == run_dir.resolve() and out.name.startswith(DB_NAME):
         raise InputError(f"--out {out} is the run's own store: export to another file")
     if out is not None and out.is_dir():
         raise InputError(f"--out {out} is a directory: give the file to write")
     # Read-only: an export never writes into the run it reads (an empty store file stays empty).
-    store_file = run_dir / DB_NAME
-    if store_file.is_file() and store_file.stat().st_size == 0:
-        raise StoreError(f"{run_dir}: holds no run to export: it was stopped before its first call")
+    check_began(run_dir, "export")
     with RunStore(run_dir, read_only=True) as store:
         rows: Iterator[dict[str, Any]] = (
             (c.model_dump(mode="json") for c in store.calls())

@@ -64,7 +64,7 @@ from tmas.reports.reply_quality import reply_quality_section, role_replies
 from tmas.reports.roc import ScoreSeparation, confidence_separation, score_separation
 from tmas.reports.selection_table import SelectionTable, has_scores, selection_table
 from tmas.reports.where_lost import WhereLost, where_lost, where_lost_section
-from tmas.store.run_store import RunStore, StoreError
+from tmas.store.run_store import RunStore, StoreError, check_began
 
 # At most this many columns in the "selected iterations" table (the paper shows six).
 SELECTED_COLUMNS = 6
@@ -210,6 +210,7 @@ async def evaluate_run(
     """Grade (or read stored grades of) one run and compute everything the report shows. ``config`` None: grade with
     the default grader, or with ``grade`` off read the stored grades as the run's last grading read them.
     ``on_read`` hears, before the run's results are read, whether it is graded now and, where it never is, why."""
+    check_began(run_dir, "report")  # before it is opened: an empty store file is left as it is
     with RunStore(run_dir, create=False) as store:
         setup = StoredSetup.read(store)
         if store.get_meta("settings") is None and not store.call_counts()["calls"]:
