@@ -181,6 +181,8 @@ def test_build_data_reads_only_runs_of_a_method_that_keeps_banks(tmp_path: Path)
     with pytest.raises(InputError) as caught:
         build_dataset([tmp_path / "never-began"])
     assert str(caught.value) == f"{tmp_path / 'never-began'}: holds no run: it was stopped before its first call"
+    # Read, not written: the empty file stays empty, with nothing beside it.
+    assert [(p.name, p.read_bytes()) for p in (tmp_path / "never-began").iterdir()] == [("run.sqlite", b"")]
 
 
 def test_mix_targets_by_hand() -> None:

@@ -62,6 +62,10 @@ Layout = Literal["trl", "verl"]
 PAPER_MIX: tuple[float, float, float] = (2.2, 1.6, 0.6)
 
 
+# What a store a run left before its setup holds: an empty file, or its problems alone.
+NO_RUN = "holds no run: it was stopped before its first call"
+
+
 def parse_mix(text: str) -> tuple[float, float, float] | None:
     """``normal:experience:guideline`` weights (e.g. the paper's ``2.2:1.6:0.6``), or ``all`` (None: keep every
     example)."""
@@ -307,8 +311,10 @@ def build_dataset(
     for run_dir in run_dirs:
         if not (run_dir / "run.sqlite").is_file():
             raise InputError(f"{run_dir}: not a run directory (no run.sqlite)")
+        if (run_dir / "run.sqlite").stat().st_size == 0:  # said without writing a schema into it
+            raise InputError(f"{run_dir}: {NO_RUN}")
         try:
-            store = RunStore(run_dir, create=False)
+            store = RunStore(run_dir, read_only=True)
         except StoreError as exc:
             raise InputError(f"{run_dir}: {exc}") from None
         with store:
@@ -366,7 +372,7 @@ def _bank_method(store: RunStore, run_dir: Path) -> tuple[BankPrompts, Settings 
     stored = store.get_meta("method") or {}
     if not stored:
         # What a run leaves before its setup (an empty store file, its problems alone): no run, not one of method None.
-        raise InputError(f"{run_dir}: holds no run: it was stopped before its first call")
+        raise InputError(f"{run_dir}: {NO_RUN}")
     name = str(stored.get("name"))
     cls = METHODS.get(name)
     if cls is None or not issubclass(cls, BankPrompts):
