@@ -240,6 +240,12 @@ def test_cli_imports_runs_and_grades_medicine_cases(tmp_path: Path) -> None:
     asyncio.run(arun(problems, tmp_path / "cot", model=ScriptedModel(SimScript(), scripted_settings())))
     other = runner.invoke(app, ["cases", "grade", str(tmp_path / "cot")])
     assert isinstance(other.exception, InputError) and "not a run of --method mattrl --domain" in str(other.exception)
+    # A run stopped before it wrote anything: said, and its empty store file left empty (it was given the schema).
+    (tmp_path / "empty").mkdir()
+    (tmp_path / "empty" / "run.sqlite").touch()
+    empty = runner.invoke(app, ["cases", "grade", str(tmp_path / "empty")])
+    assert str(empty.exception) == f"{tmp_path / 'empty'}: holds no run to grade: it was stopped before its first call"
+    assert (tmp_path / "empty" / "run.sqlite").stat().st_size == 0
 
 
 def entry(id_: str, role: str, **keys: str) -> PoolEntry:

@@ -23,7 +23,7 @@ from tmas.methods.mattrl_domains import DOMAINS
 from tmas.methods.state import MATTRLState
 from tmas.problems import Problem
 from tmas.store.records import ProblemResult
-from tmas.store.run_store import RunStore
+from tmas.store.run_store import RunStore, check_began
 
 
 @dataclass
@@ -37,6 +37,7 @@ class CaseGrades:
 async def grade_cases(run_dir: Path, judge: Settings | None = None) -> CaseGrades:
     """Grade the run in ``run_dir``; with ``judge`` settings, medicine names are matched by the judge role (its
     calls are kept in the run's own store), else by spelling."""
+    check_began(run_dir, "grade")
     with RunStore(run_dir, create=False) as store:
         # A run of a case domain (its method's ``domain`` parameter names one with a grader of its own).
         params = (store.get_meta("method") or {}).get("params") or {}

@@ -308,7 +308,8 @@ def resolved_once(run_dirs: Sequence[Path]) -> list[Path]:
 
 def check_began(run_dir: Path, doing: str) -> None:
     """:class:`StoreError` where ``run_dir``'s store file is empty (a run stopped before it wrote anything): said
-    before a command that reads the run (``doing``: "export", "report") opens it, so that nothing is written into it."""
+    before a command that reads the run (``doing``: "export", "report", "grade") opens it, so that nothing is
+    written into it."""
     path = Path(run_dir) / DB_NAME
     if path.is_file() and path.stat().st_size == 0:
         raise StoreError(f"{run_dir}: holds no run to {doing}: it was stopped before its first call")
