@@ -746,3 +746,22 @@ def test_a_role_that_pins_no_slot_may_batch_beside_a_pinned_default(tmp_path: Pa
     config = tmp_path / "tmas.toml"
     config.write_text('[endpoint]\npin_slots = true\n[roles.verification]\npin_slots = false\nbatch_samples = "on"\n')
     assert load_settings(config, environ={}).roles["verification"].batch_samples == "on"
+
+
+def test_batch_samples_on_with_the_embedded_llama_server_is_refused(tmp_path: Path) -> None:
+    # The embedded llama-server pins every problem's calls to a slot (tmas.llm.provision): the "on" asked for was
+    # ignored without a word, each sample its own request.
+    config = tmp_path / "tmas.toml"
+    config.write_text('[endpoint]\nbatch_samples = "on"\n[roles.verification]\nbase_url = "http://127.0.0.1:9/v1"\n')
+    with pytest.raises(ConfigError) as refused:
+        load_settings(config, environ={})
+    assert str(refused.value) == (
+        'settings: endpoint.batch_samples = "on" with the embedded llama-server, which pins each problem\'s calls to a'
+        ' slot (one call at a time, each sample its own request): set batch_samples to "auto" or "off"'
+    )
+    # The file alone is no run's settings: an endpoint the flags give batches as asked.
+    given = load_settings(config, {"endpoint.base_url": ["http://127.0.0.1:8000/v1"]}, environ={})
+    assert given.endpoint.batch_samples == "on"
+    # A role served at its own URL is not the embedded server's.
+    config.write_text('[roles.verification]\nbase_url = "http://127.0.0.1:9/v1"\nbatch_samples = "on"\n')
+    assert load_settings(config, environ={}).roles["verification"].batch_samples == "on"

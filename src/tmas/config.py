@@ -229,21 +229,35 @@ def check_embedding_role(settings: Settings, source: str) -> None:
         raise ConfigError(f"{source}: {refusal}")
 
 
-def check_pinned_batches(settings: Settings, source: str) -> None:
+def check_pinned_batches(settings: Settings, source: str, *, final: bool = True) -> None:
     """A one-line :class:`ConfigError` naming ``source`` and both keys where an endpoint (the default, or a role's as
     its own fields and the default's make it) has ``pin_slots`` on and ``batch_samples = "on"``: a pinned slot takes
     one call at a time, so its samples always go one request each (:meth:`tmas.llm.refusals.Refusals.batches`), and
-    the "on" asked for would be ignored. Checked where settings are given, as :func:`check_extra_body` is."""
+    the "on" asked for would be ignored. Checked where settings are given, as :func:`check_extra_body` is. ``final``:
+    the settings a run will have (not a config file's alone, which flags may yet give a ``base_url``), where the
+    embedded llama-server, which pins every problem's calls to a slot (:mod:`tmas.llm.provision`), pins those of
+    every role without a ``base_url`` of its own."""
     default = settings.endpoint
-    tables = [("endpoint", None, None)] + [
-        (f"roles.{name}", role.pin_slots, role.batch_samples) for name, role in settings.roles.items()
-    ]
-    for at, pin, batch in tables:
-        pin_at, batch_at = (at if pin is not None else "endpoint"), (at if batch is not None else "endpoint")
-        if (default.pin_slots if pin is None else pin) and (default.batch_samples if batch is None else batch) == "on":
+    embedded = final and settings.uses_local_model and settings.local.server == "llama-server"
+    tables: list[tuple[str, RoleConfig | None]] = [("endpoint", None)]
+    tables += [(f"roles.{name}", role) for name, role in settings.roles.items()]
+    for at, role in tables:
+        pin = role.pin_slots if role is not None else None
+        batch = role.batch_samples if role is not None else None
+        if (batch if batch is not None else default.batch_samples) != "on":
+            continue
+        batch_at = at if batch is not None else "endpoint"
+        if pin if pin is not None else default.pin_slots:
+            pin_at = at if pin is not None else "endpoint"
             raise ConfigError(
                 f'{source}: {pin_at}.pin_slots = true and {batch_at}.batch_samples = "on" never go together (a pinned'
                 ' slot takes one call at a time, each sample its own request): set batch_samples to "auto" or "off"'
+            )
+        if pin is None and embedded and not (role is not None and role.base_url):
+            raise ConfigError(
+                f'{source}: {batch_at}.batch_samples = "on" with the embedded llama-server, which pins each'
+                " problem's calls to a slot (one call at a time, each sample its own request): set batch_samples to"
+                ' "auto" or "off"'
             )
 
 
@@ -756,7 +770,7 @@ def load_settings(
         raise ConfigError(validation_message(exc, source)) from None
     check_extra_body(given_settings, source)
     check_embedding_role(given_settings, source)
-    check_pinned_batches(given_settings, source)
+    check_pinned_batches(given_settings, source, final=False)
     sources = config_sampling_sources(data)
     given = {var: env[var] for var in ENV_KEYS if env.get(var)}
     _choose_model(data, {ENV_KEYS[var]: value for var, value in given.items()})
