@@ -87,6 +87,11 @@ def test_method_names_and_models() -> None:
         "team_size=2 (paper 3)",
         "top_k=4 (paper 8)",
     ]
+    # PaCoRe's paper passes the messages whole: its None is no cut, said as such rather than as Python's None.
+    assert setting_differences("pacore", {"responses_per_round": 8, "message_chars": 1500}) == [
+        "message_chars=1500 (paper: not set)"
+    ]
+    assert setting_differences("pacore", {"responses_per_round": 8, "message_chars": None}) == []
 
 
 async def _paper_benchmark_run(sim: SimServer, run_dir: Path) -> None:

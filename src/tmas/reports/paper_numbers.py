@@ -128,10 +128,12 @@ def matching_cells(
 
 
 def setting_differences(method: str, params: dict[str, Any]) -> list[str]:
-    """The run's parameters that differ from the paper's setting of the method (``n=2 (paper 8)``)."""
+    """The run's parameters that differ from the paper's setting of the method (``n=2 (paper 8)``); a None value is
+    one left unset (PaCoRe's ``message_chars``: no cut), said as ``(paper: not set)``."""
     out = []
     cls = METHODS.get(method)
     for name, value in (cls.paper_settings if cls is not None else {}).items():
         if name in params and params[name] != value:
-            out.append(f"{name}={params[name]} (paper {value})")
+            paper = "paper: not set" if value is None else f"paper {value}"
+            out.append(f"{name}={'not set' if params[name] is None else params[name]} ({paper})")
     return out
