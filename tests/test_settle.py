@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 from typer.testing import CliRunner
 
-from conftest import isolate, scripted_settings
+from conftest import isolate, scripted_settings, settings_for
 from scripted_runs import by_role, solve_in_process
 from tmas.api import arun, asolve
 from tmas.cli.main import app
@@ -20,7 +20,7 @@ from tmas.grading.grades import Grades
 from tmas.grading.run_results import load_results
 from tmas.methods import stored_params
 from tmas.methods.base import ProblemResult
-from tmas.methods.confidence_params import CONFIDENCE_NOTICE
+from tmas.methods.confidence_params import ANSWER_ONLY_NOTICE, CONFIDENCE_NOTICE
 from tmas.methods.majority import VOTE_DECIDED
 from tmas.methods.tmas import SETTLED
 from tmas.reports.analysis import stopping_summary
@@ -30,6 +30,8 @@ from tmas.reports.report import RunEvaluation, _run_section
 from tmas.reports.roc import confidence_separation
 from tmas.store.run_store import RunStore
 from tmas.testing import Rule, ScriptedModel, SimScript, SimServer
+from tmas.testing.personas import PERSONAS
+from tmas.testing.replies import certain_logprobs
 
 Q = "What is 17*23?"
 
@@ -271,3 +273,37 @@ def evaluation_of(run_dir: Path) -> RunEvaluation:
     e.confidence = e.confidence if e.confidence.available else None
     e.stopping, e.notices = stopping_summary(results), notices
     return e
+
+
+THOUGHT = "Seventeen times twenty is three hundred and forty, and seventeen times three is fifty-one."
+
+
+def traced(text: str) -> list[dict[str, Any]]:
+    """A payload at token confidence 1 whose tokens spell ``text`` as the simulator cuts it."""
+    alternatives = [{"token": "t", "logprob": 0.0}, {"token": "alt", "logprob": -2.0}]
+    return [{**entry, "top_logprobs": alternatives} for entry in certain_logprobs(text, 0, PERSONAS["vllm"])]
+
+
+@pytest.mark.parametrize(("persona", "answer_only"), [("vllm", False), ("sglang", False), ("sim", True)])
+async def test_a_server_without_the_reasoning_log_probabilities_gives_the_answer_confidence(
+    sim: SimServer, tmp_path: Path, persona: str, answer_only: bool
+) -> None:
+    """DeepConf scores the whole trace: vLLM and SGLang stream the reasoning's log-probabilities before the answer's;
+    a server that streams the answer's alone leaves the answer's confidence, said per candidate and once per run."""
+    reply = boxed("391")
+    rule = Rule(role="solution", replies=[reply], reasoning=THOUGHT, logprobs=traced(THOUGHT + reply))
+    sim.set_script(SimScript(persona=persona, reasoning=True, rules=[rule]))
+    params = {"k": 2, "select": "confidence_vote"}
+    settings = settings_for(sim, method={"name": "majority", "params": params}, endpoint__stream="on")
+    result = await asolve(Q, settings, run_dir=tmp_path / "run")
+    assert all(body["stream"] is True for body in sim.chat_bodies("solution"))
+    [record] = result.iterations
+    assert [c.confidence.answer_only for c in record.candidates if c.confidence] == [answer_only] * 2
+    expected = [ANSWER_ONLY_NOTICE] if answer_only else []
+    assert result.answer == "391" and result.notices == expected
+    said = "2 candidates' confidence covers their answer alone: no log-probabilities of the reasoning"
+    assert (said in record.notes) is answer_only
+    with RunStore(tmp_path / "run", create=False) as store:
+        assert list(store.notices().values()) == expected
+        [stored] = store.iterations("question")
+        assert all(c.confidence.answer_only is answer_only for c in stored.candidates if c.confidence)

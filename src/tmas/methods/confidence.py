@@ -16,7 +16,16 @@ token's surprisal, which falls as the model grows surer, the opposite of what C_
 
 :class:`SlidingGroups` takes the token confidences one at a time, so a streamed reply can be followed as it arrives
 (DeepConf's online variant stops a trace whose running group confidence falls below a threshold set by the first
-traces); :func:`trace_confidence` reduces a finished reply with it.
+traces); :func:`trace_confidence` reduces a finished reply's log-probabilities with it.
+
+DeepConf scores the whole trace, thinking included, and the servers list the reasoning's tokens first:
+vLLM (vllm-project/vllm ``vllm/entrypoints/openai/chat_completion/serving.py``, once ``serving_chat.py``) builds them
+with ``_create_chat_logprobs`` from each output's token ids, apart from the reasoning parser's split, so a reasoning
+delta carries its tokens'; SGLang (sgl-project/sglang ``python/sglang/srt/entrypoints/openai/serving_chat.py``) takes
+the meta_info's ``output_token_logprobs`` of every generated token and, streamed, puts each step's on its first chunk,
+a ``reasoning_content`` one included; llama-server keeps every sampled token's. A server that lists the answer's
+alone (SGLang's streams before that change) makes the measures the answer's: :func:`reply_confidence` marks them
+``answer_only``.
 """
 
 from __future__ import annotations
@@ -25,7 +34,7 @@ import math
 from collections import deque
 from collections.abc import Iterable
 
-from tmas.llm.types import TokenLogprob
+from tmas.llm.types import Completion, TokenLogprob
 
 # A candidate's measures are part of its stored record (tmas.store.records); computed here.
 from tmas.store.records import CONFIDENCE_MEASURES, Confidence, ConfidenceMeasure
@@ -35,6 +44,7 @@ __all__ = [
     "Confidence",
     "ConfidenceMeasure",
     "SlidingGroups",
+    "reply_confidence",
     "token_confidence",
     "trace_confidence",
 ]
@@ -95,3 +105,15 @@ def trace_confidence(logprobs: Iterable[TokenLogprob] | None, window: int) -> Co
     mean = groups.total / groups.count
     lowest = groups.lowest if groups.lowest is not None else mean
     return Confidence(mean=mean, lowest_group=lowest, tail=tail, tokens=groups.count, window=window)
+
+
+def reply_confidence(reply: Completion, window: int) -> Confidence | None:
+    """The measures of a reply's listed tokens, marked ``answer_only`` where it reasoned but the listed tokens' text
+    does not reach into its reasoning (no longer than the answer and half the reasoning)."""
+    measured = trace_confidence(reply.logprobs, window)
+    if measured is None or not reply.reasoning:
+        return measured
+    listed = sum(len(position.token) for position in reply.logprobs or ())
+    if listed < len(reply.content) + len(reply.reasoning) / 2:
+        return measured.model_copy(update={"answer_only": True})
+    return measured

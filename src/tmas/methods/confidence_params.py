@@ -13,14 +13,17 @@ from __future__ import annotations
 from pydantic import Field
 
 from tmas.config import Sampling
-from tmas.llm.types import Completion
 from tmas.methods.base import Candidate, MethodParams, ProblemSession
-from tmas.methods.confidence import Confidence, ConfidenceMeasure, trace_confidence
+from tmas.methods.confidence import ConfidenceMeasure
 from tmas.methods.selection import CONFIDENCE_RULES, ConfidenceVote, lacks_confidence
 
 CONFIDENCE_NOTICE = (
     "the server sent no token log-probabilities with the solution replies: no confidence recorded, and the"
     " confidence rules counted plain votes instead"
+)
+ANSWER_ONLY_NOTICE = (
+    "the server sent token log-probabilities for the solution replies' answers but not their reasoning: the"
+    " confidence is the answer's alone, not the whole trace's that DeepConf scores"
 )
 
 
@@ -61,16 +64,19 @@ class ConfidenceParams(MethodParams):
             return None
         return Sampling(extra_body={"logprobs": True, "top_logprobs": self.confidence_top_logprobs})
 
-    def confidence_of(self, reply: Completion) -> Confidence | None:
-        return trace_confidence(reply.logprobs, self.confidence_window)
-
     def confidence_vote(self) -> ConfidenceVote:
         return ConfidenceVote(measure=self.confidence_measure, share=self.confidence_share)
 
 
 def note_missing_confidence(session: ProblemSession, candidates: list[Candidate], notes: list[str]) -> bool:
-    """When answered candidates came back without log-probabilities: a note for the iteration record and, the first
-    time, the run's one-line notice. True when some were missing."""
+    """When answered candidates came back without log-probabilities, or with their answer's alone: a note for the
+    iteration record and, the first time, the run's one-line notice. True when some were missing."""
+    partial = sum(1 for c in candidates if c.confidence is not None and c.confidence.answer_only)
+    if partial:
+        notes.append(
+            f"{partial} candidates' confidence covers their answer alone: no log-probabilities of the reasoning"
+        )
+        session.notice("confidence_answer_only", ANSWER_ONLY_NOTICE)
     if not lacks_confidence(candidates):
         return False
     missing = sum(1 for c in candidates if c.error is None and c.answer is not None and c.confidence is None)

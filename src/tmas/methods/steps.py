@@ -31,7 +31,7 @@ from tmas.methods.base import (
     ProblemResult,
     ProblemSession,
 )
-from tmas.methods.confidence import Confidence, trace_confidence
+from tmas.methods.confidence import Confidence, reply_confidence
 from tmas.methods.echo_retry import chat_guarded
 from tmas.methods.selection import ConfidenceRule, ConfidenceVote, FallbackFrom, SelectFrom, SelectRule, select_answered
 from tmas.methods.state import FallbackState
@@ -235,7 +235,7 @@ def _unusable(
 
 
 def _confidence(reply: Completion, window: int | None) -> Confidence | None:
-    return None if window is None else trace_confidence(reply.logprobs, window)
+    return None if window is None else reply_confidence(reply, window)
 
 
 def _tally(session: ProblemSession, role: str, reply: Completion, solution: SolutionOutput, mode: str) -> None:

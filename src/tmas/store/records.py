@@ -39,7 +39,7 @@ CONFIDENCE_MEASURES: tuple[ConfidenceMeasure, ...] = get_args(ConfidenceMeasure)
 
 
 class Confidence(BaseModel):
-    """One candidate's confidence measures (DeepConf's: ``tmas.methods.confidence``), over the ``tokens`` content
+    """One candidate's confidence measures (DeepConf's: ``tmas.methods.confidence``), over the ``tokens``
     positions that listed log-probabilities, with groups of ``window`` tokens."""
 
     mean: float
@@ -47,6 +47,9 @@ class Confidence(BaseModel):
     tail: float
     tokens: int
     window: int
+    # The reply reasoned but the server listed log-probabilities for its answer's tokens alone: the measures are the
+    # answer's, not the whole trace's that DeepConf scores (tmas.methods.confidence.reply_confidence).
+    answer_only: bool = False
 
     def value(self, measure: ConfidenceMeasure | str) -> float:
         return float(getattr(self, measure))
