@@ -605,7 +605,10 @@ async def test_a_pool_built_with_another_model_fails_the_problem_with_a_clear_er
     Pool.create(tmp_path / "pool", "endpoint:other-embedder")
     result, _ = await run(pool=str(tmp_path / "pool"))
     assert result.status == "failed" and result.error is not None
-    assert "built with embedding model 'endpoint:other-embedder', but 'endpoint:sim-model'" in result.error
+    assert (
+        "built with embedding model 'endpoint:other-embedder', but the embedding role now gets 'endpoint:sim-model'"
+        in result.error
+    )
 
 
 async def test_medicine_ranks_ten_diagnoses_with_a_catalog_team() -> None:

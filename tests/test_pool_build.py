@@ -375,9 +375,8 @@ async def test_a_pool_of_another_embedding_model_is_said_before_the_judges_first
     # The pool was made by an endpoint embedder of another model; this build's embedding role asks sim-model.
     Pool.create(tmp_path / "pool", "endpoint:other-embedder")
     model = scripted(scripted_rules())
-    with pytest.raises(
-        PoolError, match="built with embedding model 'endpoint:other-embedder', but 'endpoint:sim-model'"
-    ):
+    refused = "embedding model 'endpoint:other-embedder', but the embedding role now gets 'endpoint:sim-model'"
+    with pytest.raises(PoolError, match=refused):
         await build([run_dir], tmp_path / "pool", BuildConfig(grade_mode="rules"), model)
     assert model.calls == []
 

@@ -169,7 +169,8 @@ async def test_add_rejects_duplicate_ids_and_update_rejects_changed_text(tmp_pat
 
 async def test_another_embedding_model_is_a_clear_error(tmp_path: Path) -> None:
     await build(tmp_path / "pool")
-    with pytest.raises(PoolError, match=r"built with embedding model 'endpoint:sim-model', but 'endpoint:other'"):
+    refused = r"built with embedding model 'endpoint:sim-model', but the embedding role now gets 'endpoint:other'"
+    with pytest.raises(PoolError, match=refused):
         Pool.open(tmp_path / "pool", "endpoint:other")
     pool = Pool.open(tmp_path / "pool")
 
@@ -543,7 +544,8 @@ def test_a_pool_of_an_unnamed_embedding_model_records_the_served_one_and_refuses
         assert len(second.requests) == 1
     assert found.exit_code != 0
     assert str(found.exception) == (
-        f"{pool_path}: pool built with embedding model 'endpoint:embed-a', but 'endpoint:embed-b' is configured"
+        f"{pool_path}: pool built with embedding model 'endpoint:embed-a', "
+        "but the embedding role now gets 'endpoint:embed-b'"
     )
 
 
@@ -564,4 +566,7 @@ def test_a_mattrl_run_on_a_server_of_another_embedding_model_than_its_unnamed_po
         settings = settings_for(second, endpoint__model=None, method={"name": "mattrl", "params": params})
         result = asyncio.run(asolve("What is 17*23?", settings, max_calls=None, max_completion_tokens=None))
     assert result.status == "failed" and result.error is not None
-    assert f"{pool_path}: pool built with embedding model 'endpoint:embed-a', but 'endpoint:embed-b'" in result.error
+    assert (
+        f"{pool_path}: pool built with embedding model 'endpoint:embed-a', "
+        "but the embedding role now gets 'endpoint:embed-b'" in result.error
+    )

@@ -211,7 +211,8 @@ async def test_a_run_on_a_pool_of_another_embedding_model_is_refused_before_any_
     with pytest.raises(InputError) as refused:
         await scripted_run(model, run_dir, PROBLEMS)
     assert str(refused.value) == (
-        f"{pool}: pool built with embedding model 'endpoint:other-embedder', but 'endpoint:sim-model' is configured"
+        f"{pool}: pool built with embedding model 'endpoint:other-embedder', "
+        "but the embedding role now gets 'endpoint:sim-model'"
     )
     assert model.calls == [] and model.embedded == []
     with RunStore(run_dir, read_only=True) as store:

@@ -191,7 +191,7 @@ class Pool:
         if embedder_name != self.meta.embedder:
             raise PoolError(
                 f"{self.path}: pool built with embedding model {self.meta.embedder!r}, "
-                f"but {embedder_name!r} is configured"
+                f"but the embedding role now gets {embedder_name!r}"
             )
 
     @staticmethod
