@@ -415,6 +415,16 @@ async def test_points_whose_names_meet_run_in_directories_of_their_own(tmp_path:
     assert expand(spec)[0].name == points[0].name  # stable: a resumed sweep finds its runs
 
 
+def test_points_whose_names_differ_only_in_case_run_in_directories_of_their_own(tmp_path: Path) -> None:
+    # 'A' and 'a' are one directory on a file system that ignores case (macOS, Windows).
+    problems = write_problems(tmp_path / "p.jsonl")
+    spec = SweepSpec(problems=problems, study=[Study(method="mattrl", grid={"pool": ["pools/A", "pools/a"]})])
+    points = expand(spec)
+    assert [p.params for p in points] == [{"pool": "pools/A"}, {"pool": "pools/a"}]
+    assert len({p.name.casefold() for p in points}) == 2
+    assert points[0].name.startswith("mattrl__pool=pools_A__") and points[1].name.startswith("mattrl__pool=pools_a__")
+
+
 def swept_k_1_2(sim: SimServer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> list[str]:
     """The arguments of a sweep of majority vote into sw under tmp_path (all but --grid), after it ran over
     k = 1, 2 on the simulated server (1 + 2 samples a problem) and said nothing of another grid."""

@@ -364,13 +364,13 @@ def _set_entries(value: Any) -> Any:
 
 def _distinct_names(points: dict[str, SweepPoint]) -> list[SweepPoint]:
     """The points, each named apart: points whose readable names meet (values that differ only in characters a
-    directory name leaves out: ``pools/x y`` and ``pools/x_y``) each take a digest of what they are, so that no point
-    runs in another's directory."""
+    directory name leaves out: ``pools/x y`` and ``pools/x_y``; or only in case, one directory on a file system that
+    ignores it) each take a digest of what they are, so that no point runs in another's directory."""
     named: dict[str, int] = {}
     for point in points.values():
-        named[point.name] = named.get(point.name, 0) + 1
+        named[point.name.casefold()] = named.get(point.name.casefold(), 0) + 1
     for key, point in points.items():
-        if named[point.name] > 1:
+        if named[point.name.casefold()] > 1:
             point.name = f"{point.name}__{hashlib.sha256(key.encode()).hexdigest()[:10]}"
     return list(points.values())
 
