@@ -638,6 +638,26 @@ async def test_logprobs_in_each_servers_shape(
     assert [t["token"] for c in streamed for t in c["logprobs"]["content"]] == [t["token"] for t in content]
 
 
+@pytest.mark.parametrize(("persona", "answer_only"), [("sim", True), ("openai", True), ("vllm", False)])
+async def test_scripted_logprobs_of_reasoning_and_answer_agree_streamed_or_not(
+    persona: PersonaName, answer_only: bool, http: aiohttp.ClientSession
+) -> None:
+    """A rule's payload that covers the reasoning and the answer: a server that gives the answer's log-probabilities
+    alone sends the answer's entries, streamed or not; one that gives every generated token's sends them all."""
+    scripted = [
+        {"token": token, "logprob": -0.5 * i, "top_logprobs": []}
+        for i, token in enumerate(["Add", " two", " and", " three", ".", "The", " answer", " is", " 5", "."])
+    ]
+    rule = Rule(replies=["The answer is 5."], reasoning="Add two and three.", logprobs=scripted)
+    async with SimServer(SimScript(persona=persona, rules=[rule])) as sim:
+        _, reply = await post(http, sim, logprobs=True)
+        events = await stream(http, sim, logprobs=True)
+    sent = reply["choices"][0]["logprobs"]["content"]
+    assert sent == (scripted[5:] if answer_only else scripted)
+    streamed = [e["choices"][0] for e in events[:-1] if e["choices"] and e["choices"][0].get("logprobs")]
+    assert [t for c in streamed for t in c["logprobs"]["content"]] == sent
+
+
 # ---- waiting for a turn (max_running) ---------------------------------------------------------------------
 
 HOLD = Rule(pattern="hold", latency_s=60.0)  # holds its turn until its client goes away

@@ -177,11 +177,15 @@ def scripted_logprobs(
 ) -> list[dict[str, Any]] | None:
     """The reply's log-probabilities (OpenAI's ``choices[0].logprobs.content``) where the request ``body`` asks for
     them and the script's server sends them: the rule's payload, else every token certain, of the content and, where
-    the persona's server gives them for every generated token, of the ``reasoning`` before it."""
+    the persona's server gives them for every generated token, of the ``reasoning`` before it. A rule's payload that
+    covers the reasoning and the content (an entry a token of each) leaves the reasoning's out where the persona's
+    server gives the content's alone."""
     if not body.get("logprobs") or not script.logprobs:
         return None
     if rule is not None and rule.logprobs is not None:
-        return rule.logprobs
+        hidden = 0 if persona.reasoning_logprobs else count_tokens(reasoning or "")
+        whole = hidden > 0 and len(rule.logprobs) == hidden + count_tokens(content)
+        return rule.logprobs[hidden:] if whole else rule.logprobs
     top = body.get("top_logprobs")
     top = persona.default_top_logprobs if top is None else top
     thought = certain_logprobs(reasoning, top, persona) if reasoning and persona.reasoning_logprobs else []
