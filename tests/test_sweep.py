@@ -489,6 +489,29 @@ async def test_studies_whose_names_meet_as_folder_names_each_keep_their_report(t
     assert "| majority [sim-model] |" not in second.read_text()
 
 
+async def test_a_study_report_labels_each_point_as_the_combined_report_does(tmp_path: Path) -> None:
+    from tmas.grading.grades import GradeConfig
+
+    # 'votes' holds one majority point of the two the sweep has: its report still says which one it is.
+    spec = SweepSpec(
+        problems=write_problems(tmp_path / "problems.jsonl"),
+        limit=1,
+        study=[
+            Study(name="votes", methods=["cot", "majority"], params={"k": 3}),
+            Study(name="wide", method="majority", grid={"k": [2, 4]}),
+        ],
+    )
+    model = ScriptedModel(SimScript(), scripted_settings())
+    await run_sweep(spec, model.settings, tmp_path / "sweep", model=model)
+    written = await report_sweep(spec, tmp_path / "sweep", GradeConfig(mode="rules"), None)
+    combined, votes, wide = (written[k].read_text() for k in ("markdown", "votes/markdown", "wide/markdown"))
+    for k in (2, 3, 4):
+        assert f"| majority [sim-model] (k={k}) |" in combined
+    assert "| majority [sim-model] (k=3) |" in votes and "| majority [sim-model] |" not in votes
+    assert "| cot [sim-model] |" in votes
+    assert "| majority [sim-model] (k=2) |" in wide and "| majority [sim-model] (k=4) |" in wide
+
+
 def test_a_point_is_named_by_what_it_is_whatever_the_spelling_or_the_order_of_the_studies() -> None:
     grid = Study(name="iterations", method="self_refine", params={"n": 1}, grid={"iterations": [1, 20]})
     plain = Study(name="plain", method="self_refine", params={"n": 1})

@@ -769,17 +769,19 @@ async def report_sweep(
     on_step: Callable[[str], None] | None = None,
 ) -> dict[str, Path]:
     """The combined report of every point (graded once, grades stored in each run), then one per study that has
-    several points, from the stored grades; ``on_step`` hears of each step as it begins."""
+    several points, from the stored grades, each point labelled as in the combined one; ``on_step`` hears of each
+    step as it begins."""
     points = expand(spec, out_dir)
     dirs = [out_dir / POINTS_DIR / p.name for p in points]
-    written = await build_report(dirs, out_dir / "report", config, settings, on_step=on_step)
+    labels: dict[Path, str] = {}
+    written = await build_report(dirs, out_dir / "report", config, settings, on_step=on_step, labels=labels)
     groups = study_groups(spec, out_dir)
     if len(groups) > 1:
         folders = study_folders(list(groups))
         for study, dirs in groups.items():
             if len(dirs) > 1:
                 where = out_dir / "report" / folders[study]
-                sub = await build_report(dirs, where, config, settings, grade=False, on_step=on_step)
+                sub = await build_report(dirs, where, config, settings, grade=False, on_step=on_step, labels=labels)
                 written[f"{study}/markdown"] = sub["markdown"]
     return written
 

@@ -955,9 +955,12 @@ async def build_report(
     grade: bool = True,
     paper_model: str | None = None,
     on_step: Callable[[str], None] | None = None,
+    labels: dict[Path, str] | None = None,
 ) -> dict[str, Path]:
     """Evaluate ``run_dirs`` and write their report; ``on_step`` hears of each step as it begins. With ``grade`` off
-    and ``config`` None, each run's stored grades are read as its last grading read them."""
+    and ``config`` None, each run's stored grades are read as its last grading read them. ``labels``: each run's
+    label by directory, where another report of these runs among others named it (a sweep's study report labels its
+    points as the combined report does); the runs it lacks, told apart here, are added to it."""
     say = on_step or (lambda _: None)
     evaluations = []
     for i, run_dir in enumerate(run_dirs, start=1):
@@ -968,5 +971,10 @@ async def build_report(
             say(f"grading {where}" if grading else f"reading {where}" + (f" ({never})" if never else ""))
 
         evaluations.append(await evaluate_run(run_dir, config, settings, grade=grade, on_read=began))
+    for e in evaluations:
+        e.label = (labels or {}).get(e.run_dir, e.label)
     say(f"writing the report (tables, plots) into {out_dir}")
-    return write_report(evaluations, out_dir, paper_model=paper_model)
+    written = write_report(evaluations, out_dir, paper_model=paper_model)
+    if labels is not None:
+        labels.update({e.run_dir: e.label for e in evaluations if e.run_dir not in labels})
+    return written
