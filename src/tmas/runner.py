@@ -38,7 +38,7 @@ from tmas.llm.model import ChatModel, ClientStats, EndpointUnreachable
 from tmas.llm.preflight import check_endpoints, served_models
 from tmas.llm.provision import on_embedded_model
 from tmas.llm.replay import ReplayTurns
-from tmas.llm.routes import DEFAULT_MODEL
+from tmas.llm.routes import DEFAULT_MODEL, check_api_keys
 from tmas.llm.sampling import resolve_role
 from tmas.llm.types import Lane
 from tmas.llm.weights import check_model_named
@@ -1048,13 +1048,19 @@ def check_embedded_model(settings: Settings) -> None:
                 raise ConfigError(f"hf.model (--hf-model) {exc}") from None
 
 
-def check_before_estimate(settings: Settings) -> None:
+def check_before_estimate(
+    settings: Settings, origin: Callable[[str], str] | None = None, roles: Iterable[str] | None = None
+) -> None:
     """What every command that sends calls checks of its settings before its cost estimate, so that an estimate (a
     dry run's success, the gate's question) is never said of calls that could not start: a model tmas would run
-    itself that names nothing there (:func:`check_embedded_model`), and a ``prompts_dir`` (``--prompts-dir``) that is
-    no folder or holds an override that does not render (:func:`tmas.agents.overrides.check_overrides`) or that
-    replaces a template grading renders (:func:`tmas.agents.overrides.check_not_grading`)."""
+    itself that names nothing there (:func:`check_embedded_model`), an API key variable (``api_key_env``) unset or
+    empty for a role the method calls (``roles``: those, else the method's own; :func:`tmas.llm.routes.key_problem`,
+    ``origin`` saying where a key was given), and a ``prompts_dir`` (``--prompts-dir``) that is no folder or holds an
+    override that does not render (:func:`tmas.agents.overrides.check_overrides`) or that replaces a template grading
+    renders (:func:`tmas.agents.overrides.check_not_grading`)."""
     check_embedded_model(settings)
+    if not settings.uses_in_process_model:
+        check_api_keys(settings, run_method(settings).traits.roles if roles is None else roles, origin)
     if settings.prompts_dir:
         check_not_grading(check_overrides(settings.prompts_dir))
 

@@ -95,7 +95,8 @@ def data_filter(
     grading = read_grade_flags(grade, judge_runs)
     check_grading_installed(grading)  # before the model's calls are spent
     settings = filter_settings(flags.settings(), k, flags.given("temperature", "top_p"))
-    check_before_estimate(settings)  # as a run's: a wrong model name or --prompts-dir before the estimate
+    # As a run's: a wrong model name, an unset API key variable or --prompts-dir before the estimate.
+    check_before_estimate(settings, flags.key_origin)
     source = resolve_dataset(problems)
     where = run_dir or out.with_name(out.stem + ".filter-run")
     cost_gate(_filter_estimate(source, where, settings, grading, k, limit), gate)

@@ -7,7 +7,7 @@ import signal
 import sqlite3
 import sys
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import replace
 from itertools import islice
 from pathlib import Path
@@ -20,7 +20,14 @@ from tmas import __version__
 from tmas.cli import interrupt
 from tmas.cli.cases import cases_app
 from tmas.cli.data import data_app
-from tmas.cli.estimate import EstimateFlags, GateFlags, estimate_options, gate_options, judge_calls
+from tmas.cli.estimate import (
+    JUDGE_GRADERS,
+    EstimateFlags,
+    GateFlags,
+    estimate_options,
+    gate_options,
+    judge_calls,
+)
 from tmas.cli.extras import MISSING_EXTRA_EXIT, missing_extra
 from tmas.cli.grade_flags import (
     GradeModeOpt,
@@ -62,6 +69,7 @@ from tmas.errors import InputError, TmasError
 from tmas.files import check_out_dir, replacing
 
 if TYPE_CHECKING:
+    from tmas.grading.grades import GradeConfig
     from tmas.runner import StoredProblems
     from tmas.store.run_store import RunStore
     from tmas.sweep import SweepSpec, SweepSummary
@@ -166,7 +174,7 @@ def solve(
     text = _read_question(question, file)
     settings = question_settings(flags.settings(method, given))
     flags.check_token_flags(settings.budget)
-    check_before_estimate(settings)
+    check_before_estimate(settings, flags.key_origin)
     if run_dir is not None:
         check_new_run_dir(run_dir)  # as tmas run's, before the gate asks about a question it then refuses
     cost_gate(question_estimate(settings), gate, calls=QUESTION_CONFIRM_CALLS)
@@ -241,7 +249,7 @@ def run(
             raise InputError("give a problem file and --out RUN_DIR (or --resume RUN_DIR)")
         settings = flags.settings(method, given)
         flags.check_token_flags(settings.budget)
-        code = _new_run(problems, out, settings, limit, estimate)
+        code = _new_run(problems, out, settings, limit, estimate, flags.key_origin)
     if code:
         raise typer.Exit(code)
 
@@ -252,6 +260,7 @@ def _new_run(
     settings: Settings,
     limit: int | None,
     estimate: EstimateFlags,
+    origin: Callable[[str], str],
     left_out: str | None = None,
 ) -> int:
     """``tmas run`` (and the run of ``tmas eval``): the cost gate, then a new run directory; the exit code.
@@ -263,7 +272,7 @@ def _new_run(
     check_new_run_dir(out)  # before the estimate, whose pilot would run into the directory
     # A model tmas would run itself that names no file or known model, or a bad --prompts-dir: said before an
     # estimate (or a dry run's success, or the gate's question) for a run that could not start.
-    check_before_estimate(settings)
+    check_before_estimate(settings, origin)
     source = resolve_dataset(problems)
     reader = islice(iter_problems(source), limit) if limit else iter_problems(source)
     # A pilot runs on the first problems; otherwise only their count matters (a big file is not held).
@@ -308,7 +317,7 @@ def _resume_run(
     with running(run_dir):
         pass
     settings = with_method_params(settings, given.params(settings.method.name))
-    check_before_estimate(settings)  # as a new run's
+    check_before_estimate(settings, flags.key_origin)  # as a new run's
     with RunStore(run_dir, create=False) as peek:
         setup = RunSetup.check(settings, resuming=run_dir)
         # A resume that would keep finished results under other settings is refused here, before the estimate: its
@@ -454,10 +463,12 @@ def models(
 
     from tmas.llm.preflight import base_url_fix, unreachable_fix
     from tmas.llm.replica import NoConnection, list_models
+    from tmas.llm.routes import key_problem
 
     chosen = ModelFlags(config=config, base_url=base_url, model=model, api_key_env=api_key_env, hf_model=hf_model)
     settings = chosen.settings()
     targets: list[tuple[str, str, str | None, str | None]] = []
+    unkeyed = False
     if settings.uses_local_model:
         from tmas.llm.local_command import describe
 
@@ -476,6 +487,12 @@ def models(
         wanted = (override.model if override else None) or settings.endpoint.model
         if role != "default" and not (override and override.base_url):
             continue  # a role on the default endpoint is probed with it
+        problem = key_problem(settings, role, chosen.key_origin)
+        if problem is not None:
+            # Asked without its key, a hosted API would answer 401, which says nothing of the variable.
+            typer.echo(f"{role}: NOT CHECKED: {problem}")
+            unkeyed = True
+            continue
         targets.extend((role, url, os.environ.get(key_env) if key_env else None, wanted) for url in urls)
 
     async def probe() -> bool:
@@ -503,7 +520,7 @@ def models(
                 typer.echo(f"{role}: {url} ok, models: {listed}")
         return healthy
 
-    if not interrupt.run(probe(), keeps=False):
+    if not interrupt.run(probe(), keeps=False) or unkeyed:
         raise typer.Exit(1)
 
 
@@ -523,6 +540,14 @@ JudgeUrlOpt = Annotated[
     str | None, typer.Option("--judge-base-url", help="Endpoint of the judge role (default: the run's endpoint).")
 ]
 JudgeModelOpt = Annotated[str | None, typer.Option("--judge-model", help="Model name of the judge role.")]
+
+
+def _judged(config: GradeConfig, settings: Settings) -> tuple[str, ...]:
+    """The judge's role where grading under ``config`` asks a judge of ``settings`` (none: the rules alone, or the
+    embedded model alone, which is no judge)."""
+    from tmas.grading.judge import JUDGE_ROLE, judge_route
+
+    return (JUDGE_ROLE,) if config.mode in JUDGE_GRADERS and judge_route(settings) is not None else ()
 
 
 def _judge_settings(settings: Settings, judge_base_url: str | None, judge_model: str | None) -> Settings:
@@ -626,6 +651,7 @@ def evaluate(
     if report_dir is not None:
         # Said before the run, not after it.
         check_out_dir(report_dir, "the report is written into a directory", "--report-dir")
+    from tmas.llm.routes import check_api_keys
     from tmas.runner import RunExists, StoreFailed, Unreachable
 
     report_dir = report_dir or out / "report"
@@ -633,10 +659,11 @@ def evaluate(
     # The judge defaults to the run's own model, as the run's flags set it up (a sweep's report does the same); a bad
     # judge flag is said before the run, not after it.
     judge = _judge_settings(flags.settings(), judge_base_url, judge_model)
+    check_api_keys(judge, _judged(grade_config, judge), flags.key_origin)  # before the run's estimate
     try:
         settings = flags.settings(method, given)
         flags.check_token_flags(settings.budget)
-        code = _new_run(problems, out, settings, limit, estimate, judge_calls(grade_config))
+        code = _new_run(problems, out, settings, limit, estimate, flags.key_origin, judge_calls(grade_config))
     except RunExists as exc:  # continued as tmas run, then reported
         raise RunExists(exc.run_dir, f"'tmas run --resume {out}', then '{report}',") from None
     except interrupt.Stopped as stop:
@@ -782,7 +809,7 @@ def sweep(
     from tmas.cli.estimate import build_estimate, gate
     from tmas.cli.progress import plain_status
     from tmas.planning.estimate import replay_credit, stored_over_points
-    from tmas.runner import RunState, StoreFailed, Unreachable, check_before_estimate
+    from tmas.runner import RunState, StoreFailed, Unreachable, check_before_estimate, run_method
     from tmas.sweep import (
         check_not_running,
         check_sweep_dir,
@@ -802,8 +829,10 @@ def sweep(
         flags, grid_file, out, resume, problems=problems, limit=limit, method=method, param=param, grid=grid
     )
 
-    check_before_estimate(settings)  # as a run's: a wrong model name or --prompts-dir before the estimate
     points = expand(spec, out)
+    # As a run's, for the roles its points' methods call (and the report's judge): before the estimate.
+    roles = {role for point in points for role in run_method(point.settings(settings)).traits.roles}
+    check_before_estimate(settings, flags.key_origin, roles | set(() if no_report else _judged(grade_config, settings)))
     unapplied = not_applied(points)
     if unapplied is not None:
         typer.echo(f"tmas sweep: {unapplied}", err=True)

@@ -12,6 +12,7 @@ from __future__ import annotations
 import functools
 import inspect
 import json
+import os
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field, fields
@@ -188,6 +189,16 @@ class ModelFlags:
         check_given_params(name, configured, lambda param: f"{source}: method.params.{param}")
         _check_configured(name, configured, params, source)
         return with_method_params(settings, params)
+
+    def key_origin(self, key: str) -> str:
+        """Where the settings ``key`` (an ``api_key_env``) was given: ``--api-key-env``, ``TMAS_API_KEY_ENV``, else
+        the config file (``config`` where none is read: a resumed run's stored settings)."""
+        if key == "endpoint.api_key_env":
+            if self.api_key_env is not None:
+                return "--api-key-env"
+            if os.environ.get("TMAS_API_KEY_ENV"):
+                return "TMAS_API_KEY_ENV"
+        return config_source(self.config)
 
     def check_token_flags(self, *budgets: Budget) -> None:
         """Refuse ``--budget-count`` and ``--budget-pool`` where none of ``budgets`` (the run's, or a sweep's points')

@@ -226,7 +226,8 @@ def build(
     unless --yes); --dry-run prints the whole estimate and stops."""
     from tmas.cli.estimate import gate as cost_gate
     from tmas.planning.pool_build import estimate_build
-    from tmas.pool.build import BuildConfig, build_pool
+    from tmas.pool.build import SUMMARIZER_ROLE, BuildConfig, build_pool
+    from tmas.pool.scoring import JUDGE_ROLE
     from tmas.runner import check_before_estimate
 
     options = {
@@ -248,7 +249,8 @@ def build(
     _check_selection(build_config, options)
     _unread(flags, _RUN_FLAGS, f"{_BOUND}, and tmas pool build solves none (--confirm-calls bounds its calls)")
     settings = flags.settings()
-    check_before_estimate(settings)  # as a run's: a wrong model name or --prompts-dir before the estimate
+    # As a run's: a wrong model name, an unset API key variable or --prompts-dir before the estimate.
+    check_before_estimate(settings, flags.key_origin, (JUDGE_ROLE, SUMMARIZER_ROLE))
     cost_gate(estimate_build(runs, out, settings, build_config), gate)
     with _StageProgress() as progress:
         summary = interrupt.run(build_pool(runs, out, settings, build_config, progress=progress.update))

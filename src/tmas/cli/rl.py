@@ -200,7 +200,8 @@ def train(
     start = resume_point(out, resume)
     if start is not None:
         typer.echo(f"resuming from {start}")
-    from tmas.grading.judge import judge_route
+    from tmas.grading.judge import JUDGE_ROLE, judge_route
+    from tmas.llm.routes import check_api_keys
     from tmas.rl.novelty import LLMNoveltyJudge
     from tmas.rl.scoring import NoveltyJudge
     from tmas.rl.step_log import REWARDS_FILE, STEPS_FILE
@@ -215,11 +216,13 @@ def train(
         judge = load_judge(judge_model)
     elif "guideline" in set(dataset["_source"]):
         # Loaded as every command's are; the policy's --model and the training --seed are this command's own.
-        route = judge_route(ModelFlags(config=config).settings())
+        chosen = ModelFlags(config=config)
+        route = judge_route(chosen.settings())
         if route is None:
             raise ConfigError(
                 "guideline rows need a judge: --judge-model, or an endpoint in [endpoint] or [roles.judge] (--config)"
             )
+        check_api_keys(route, [JUDGE_ROLE], chosen.key_origin)  # before a training that would call it
         judge = LLMNoveltyJudge(route, out / "judge")
     options = TrainOptions(
         output_dir=out,

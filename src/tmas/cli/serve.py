@@ -81,7 +81,8 @@ def serve(
         raise ConfigError(f"--client-sampling {client_sampling!r}: choose {' or '.join(CLIENT_SAMPLING)}")
     # The group's flags configure the upstream and the defaults of every request (sampling, budget, prompts).
     settings = flags.settings()
-    check_before_estimate(settings)  # as a run's: a wrong model name or --prompts-dir before the server starts
+    # As a run's: a wrong model name, an unset API key variable or --prompts-dir before the server starts.
+    check_before_estimate(settings, flags.key_origin)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     options = ServeOptions(
         host=host,

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import os
-from collections.abc import Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -20,6 +20,32 @@ from tmas.llm.types import CallKey, Message
 
 # The model name a call asks for when its endpoint names none: llama-server and SGLang answer any name.
 DEFAULT_MODEL = "default"
+
+
+def key_problem(settings: Settings, role: str, origin: Callable[[str], str] | None = None) -> str | None:
+    """Why a role's calls could not carry their API key, in one line, or None: the environment variable its
+    ``api_key_env`` names (its ``[roles.NAME]`` table's, else the endpoint's) is unset or empty. ``origin`` says where
+    a settings key was given (a config file, a flag, a ``TMAS_*`` variable); without it, ``config``."""
+    override = settings.roles.get(role)
+    key, var = "endpoint.api_key_env", settings.endpoint.api_key_env
+    if override is not None and override.api_key_env:
+        key, var = f"roles.{role}.api_key_env", override.api_key_env
+    if not var:
+        return None
+    value = os.environ.get(var)
+    if value:
+        return None
+    where = origin(key) if origin is not None else "config"
+    state = "is not set" if value is None else "is empty"
+    return f"{where}: {key} = {var!r} names an environment variable that {state}: set it to the API key"
+
+
+def check_api_keys(settings: Settings, roles: Iterable[str], origin: Callable[[str], str] | None = None) -> None:
+    """A one-line :class:`ConfigError` where a role of ``roles`` has no API key to send (:func:`key_problem`)."""
+    for role in roles:
+        problem = key_problem(settings, role, origin)
+        if problem is not None:
+            raise ConfigError(problem)
 
 
 @dataclass
@@ -66,13 +92,10 @@ class Routes:
         endpoint = Endpoint.model_validate(data)
         if not endpoint.base_url:
             raise ConfigError(f"role {role!r} has no base_url")
-        api_key = None
-        if endpoint.api_key_env:
-            api_key = os.environ.get(endpoint.api_key_env)
-            if not api_key:
-                raise ConfigError(
-                    f"environment variable {endpoint.api_key_env} (named by api_key_env for role {role!r}) is not set"
-                )
+        problem = key_problem(self.settings, role)
+        if problem is not None:
+            raise ConfigError(problem)
+        api_key = os.environ.get(endpoint.api_key_env) if endpoint.api_key_env else None
         replicas = []
         caps: dict[str, asyncio.Semaphore | None] = {}
         model = endpoint.model or DEFAULT_MODEL
