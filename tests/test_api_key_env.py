@@ -99,3 +99,19 @@ def test_models_says_an_unset_key_instead_of_asking_without_it(sim: SimServer, t
         ": set it to the API key"
     ]
     assert sim.requests == []
+
+
+def test_a_resume_names_the_runs_stored_settings(sim: SimServer, tmp_path: Path) -> None:
+    # Resumed without a config file, the key comes from what the run stored (the environment is not read again).
+    problems, out = write_problems(tmp_path / "p.jsonl"), tmp_path / "out"
+    path = config(tmp_path, sim)
+    made = run_tmas("run", problems, "-o", str(out), "-m", "cot", "--config", str(path), text=True, env={KEY: "sk"})
+    assert made.returncode == 0, made.stderr
+    sent = len(sim.requests)
+    resumed = run_tmas("run", "--resume", str(out), "--dry-run", text=True)
+    assert resumed.returncode == 2
+    assert resumed.stderr.strip().splitlines() == [
+        f"tmas: error: {out} (its stored settings): endpoint.api_key_env = '{KEY}' names an environment variable that"
+        " is not set: set it to the API key"
+    ]
+    assert len(sim.requests) == sent

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import json
 import signal
 import sqlite3
@@ -317,7 +318,7 @@ def _resume_run(
     with running(run_dir):
         pass
     settings = with_method_params(settings, given.params(settings.method.name))
-    check_before_estimate(settings, flags.key_origin)  # as a new run's
+    check_before_estimate(settings, functools.partial(flags.key_origin, stored=run_dir))  # as a new run's
     with RunStore(run_dir, create=False) as peek:
         setup = RunSetup.check(settings, resuming=run_dir)
         # A resume that would keep finished results under other settings is refused here, before the estimate: its

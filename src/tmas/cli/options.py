@@ -190,14 +190,17 @@ class ModelFlags:
         _check_configured(name, configured, params, source)
         return with_method_params(settings, params)
 
-    def key_origin(self, key: str) -> str:
+    def key_origin(self, key: str, stored: Path | None = None) -> str:
         """Where the settings ``key`` (an ``api_key_env``) was given: ``--api-key-env``, ``TMAS_API_KEY_ENV``, else
-        the config file (``config`` where none is read: a resumed run's stored settings)."""
-        if key == "endpoint.api_key_env":
-            if self.api_key_env is not None:
-                return "--api-key-env"
-            if os.environ.get("TMAS_API_KEY_ENV"):
-                return "TMAS_API_KEY_ENV"
+        the config file. ``stored``: a resumed run's directory, whose stored settings stand where no config file is
+        given now (the environment is not read again)."""
+        endpoint = key == "endpoint.api_key_env"
+        if endpoint and self.api_key_env is not None:
+            return "--api-key-env"
+        if stored is not None and self.config is None:
+            return f"{stored} (its stored settings)"
+        if endpoint and os.environ.get("TMAS_API_KEY_ENV"):
+            return "TMAS_API_KEY_ENV"
         return config_source(self.config)
 
     def check_token_flags(self, *budgets: Budget) -> None:
