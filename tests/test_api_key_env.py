@@ -101,14 +101,19 @@ def test_models_says_an_unset_key_instead_of_asking_without_it(sim: SimServer, t
     assert sim.requests == []
 
 
-def test_a_resume_names_the_runs_stored_settings(sim: SimServer, tmp_path: Path) -> None:
+@pytest.mark.parametrize("command", ["run", "sweep"])
+def test_a_resume_names_the_runs_stored_settings(sim: SimServer, tmp_path: Path, command: str) -> None:
     # Resumed without a config file, the key comes from what the run stored (the environment is not read again).
     problems, out = write_problems(tmp_path / "p.jsonl"), tmp_path / "out"
     path = config(tmp_path, sim)
-    made = run_tmas("run", problems, "-o", str(out), "-m", "cot", "--config", str(path), text=True, env={KEY: "sk"})
+    given = {
+        "run": ["run", problems, "-o", str(out)],
+        "sweep": ["sweep", "--problems", problems, "-o", str(out), "--no-report"],
+    }[command]
+    made = run_tmas(*given, "-m", "cot", "--config", str(path), text=True, env={KEY: "sk"})
     assert made.returncode == 0, made.stderr
     sent = len(sim.requests)
-    resumed = run_tmas("run", "--resume", str(out), "--dry-run", text=True)
+    resumed = run_tmas(command, "--resume", str(out), "--dry-run", text=True)
     assert resumed.returncode == 2
     assert resumed.stderr.strip().splitlines() == [
         f"tmas: error: {out} (its stored settings): endpoint.api_key_env = '{KEY}' names an environment variable that"

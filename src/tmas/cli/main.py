@@ -833,7 +833,9 @@ def sweep(
     points = expand(spec, out)
     # As a run's, for the roles its points' methods call (and the report's judge): before the estimate.
     roles = {role for point in points for role in run_method(point.settings(settings)).traits.roles}
-    check_before_estimate(settings, flags.key_origin, roles | set(() if no_report else _judged(grade_config, settings)))
+    # A resumed sweep's settings are those it stored, where no config file is given now.
+    origin = flags.key_origin if resume is None else functools.partial(flags.key_origin, stored=resume)
+    check_before_estimate(settings, origin, roles | set(() if no_report else _judged(grade_config, settings)))
     unapplied = not_applied(points)
     if unapplied is not None:
         typer.echo(f"tmas sweep: {unapplied}", err=True)
