@@ -10,6 +10,8 @@ from pathlib import Path
 import pytest
 
 from conftest import run_tmas
+from mattrl_runs import hand_worked_transcript, write_run
+from tmas.problems import Problem
 from tmas.testing import SimServer
 
 KEY = "TMAS_TEST_KEY"  # a TMAS_* name: the children's environment (conftest.clean_env) never holds it unless given
@@ -120,3 +122,24 @@ def test_a_resume_names_the_runs_stored_settings(sim: SimServer, tmp_path: Path,
         " is not set: set it to the API key"
     ]
     assert len(sim.requests) == sent
+
+
+@pytest.mark.parametrize(("embedder", "refused"), [("local", False), ("endpoint", True)])
+def test_pool_build_checks_its_embedding_roles_key_where_the_endpoint_embeds(
+    sim: SimServer, tmp_path: Path, embedder: str, refused: bool
+) -> None:
+    # tmas pool build calls its judge and summarizer, and the embedding role only with --embedder endpoint.
+    problem = Problem(problem_id="p1", question="What is 6*7?", answer="42")
+    run = write_run(tmp_path / "run", [(problem, hand_worked_transcript(), "42")])
+    path = config(tmp_path, sim, "roles.embedding")
+    given = ["pool", "build", str(run), "-o", str(tmp_path / "pool"), "--grade", "rules", "--embedder", embedder]
+    out = run_tmas(*given, "--config", str(path), "--dry-run", text=True)
+    if not refused:
+        assert out.returncode == 0, out.stderr
+        return
+    assert out.returncode == 2
+    assert out.stderr.strip().splitlines() == [
+        f"tmas: error: {path}: roles.embedding.api_key_env = '{KEY}' names an environment variable that is not set:"
+        " set it to the API key"
+    ]
+    assert sim.requests == []

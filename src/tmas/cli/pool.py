@@ -225,6 +225,7 @@ def build(
     Before any call it prints what it will send, and above --confirm-calls (20,000) asks (without a terminal, refuses
     unless --yes); --dry-run prints the whole estimate and stops."""
     from tmas.cli.estimate import gate as cost_gate
+    from tmas.memory.embedders import EMBEDDING_ROLE, ENDPOINT
     from tmas.planning.pool_build import estimate_build
     from tmas.pool.build import SUMMARIZER_ROLE, BuildConfig, build_pool
     from tmas.pool.scoring import JUDGE_ROLE
@@ -250,7 +251,8 @@ def build(
     _unread(flags, _RUN_FLAGS, f"{_BOUND}, and tmas pool build solves none (--confirm-calls bounds its calls)")
     settings = flags.settings()
     # As a run's: a wrong model name, an unset API key variable or --prompts-dir before the estimate.
-    check_before_estimate(settings, flags.key_origin, (JUDGE_ROLE, SUMMARIZER_ROLE))
+    roles = (JUDGE_ROLE, SUMMARIZER_ROLE, *((EMBEDDING_ROLE,) if build_config.embedder == ENDPOINT else ()))
+    check_before_estimate(settings, flags.key_origin, roles)
     cost_gate(estimate_build(runs, out, settings, build_config), gate)
     with _StageProgress() as progress:
         summary = interrupt.run(build_pool(runs, out, settings, build_config, progress=progress.update))

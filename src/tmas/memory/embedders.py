@@ -24,6 +24,7 @@ if TYPE_CHECKING:  # numpy and the weights: imported where the local embedder is
 
 LOCAL = "local"
 ENDPOINT = "endpoint"
+EMBEDDING_ROLE = "embedding"  # the role whose endpoint answers the embeddings of the endpoint embedder
 LOCAL_NAME = "local:all-MiniLM-L6-v2"
 # An endpoint embedder whose role names no model, before a reply has said which model served it.
 UNNAMED = f"{ENDPOINT}:{DEFAULT_MODEL}"
@@ -42,7 +43,7 @@ class Embedder(Protocol):
 class EndpointEmbedder:
     """Vectors from ``role``'s ``/v1/embeddings``; the name is ``endpoint:<model>``."""
 
-    def __init__(self, llm: ChatModel, role: str = "embedding") -> None:
+    def __init__(self, llm: ChatModel, role: str = EMBEDDING_ROLE) -> None:
         self.llm = llm
         self.role = role
 
