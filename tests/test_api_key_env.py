@@ -71,6 +71,19 @@ def test_the_flag_or_an_empty_variable_is_named_as_such(sim: SimServer, tmp_path
     assert sim.requests == []
 
 
+def test_an_empty_api_key_env_is_refused_not_sent_without_a_key(sim: SimServer, tmp_path: Path) -> None:
+    # Before, api_key_env = "" sent every call without a key: a hosted API's 401 on each.
+    problems, path = write_problems(tmp_path / "p.jsonl"), tmp_path / "tmas.toml"
+    path.write_text(f'[endpoint]\nbase_url = "{sim.base_url}"\napi_key_env = ""\n')
+    out = run_tmas("run", problems, "-o", str(tmp_path / "out"), "-m", "cot", "--config", str(path), text=True)
+    assert out.returncode == 2
+    assert out.stderr.strip().splitlines() == [
+        f"tmas: error: {path}: endpoint.api_key_env is empty: name the environment variable that holds the API key,"
+        " or leave it out"
+    ]
+    assert sim.requests == []
+
+
 @pytest.mark.parametrize("command", ["run", "sweep"])
 def test_only_the_roles_the_method_calls_need_their_key(sim: SimServer, tmp_path: Path, command: str) -> None:
     # [roles.verifier] with its key unset stops a method with a verifier, not one that never calls it.

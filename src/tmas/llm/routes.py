@@ -23,19 +23,22 @@ DEFAULT_MODEL = "default"
 
 
 def key_problem(settings: Settings, role: str, origin: Callable[[str], str] | None = None) -> str | None:
-    """Why a role's calls could not carry their API key, in one line, or None: the environment variable its
-    ``api_key_env`` names (its ``[roles.NAME]`` table's, else the endpoint's) is unset or empty. ``origin`` says where
-    a settings key was given (a config file, a flag, a ``TMAS_*`` variable); without it, ``config``."""
+    """Why a role's calls could not carry their API key, in one line, or None: its ``api_key_env`` (its
+    ``[roles.NAME]`` table's, else the endpoint's) is empty, or the environment variable it names is unset or empty.
+    ``origin`` says where a settings key was given (a config file, a flag, a ``TMAS_*`` variable); without it,
+    ``config``."""
     override = settings.roles.get(role)
     key, var = "endpoint.api_key_env", settings.endpoint.api_key_env
-    if override is not None and override.api_key_env:
+    if override is not None and override.api_key_env is not None:
         key, var = f"roles.{role}.api_key_env", override.api_key_env
-    if not var:
+    if var is None:
         return None
+    where = origin(key) if origin is not None else "config"
+    if not var.strip():  # no variable: calls would go without a key, and a hosted API answer 401
+        return f"{where}: {key} is empty: name the environment variable that holds the API key, or leave it out"
     value = os.environ.get(var)
     if value:
         return None
-    where = origin(key) if origin is not None else "config"
     state = "is not set" if value is None else "is empty"
     return f"{where}: {key} = {var!r} names an environment variable that {state}: set it to the API key"
 
