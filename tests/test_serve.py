@@ -211,6 +211,20 @@ def test_a_request_the_upstream_refuses_is_a_400_no_client_retries(sim: SimServe
     assert len(sim.chat_bodies("solution")) == 1
 
 
+def test_an_upstream_refusing_every_call_is_a_424_no_client_retries(sim: SimServer, proxy: ProxyThread) -> None:
+    # A key the upstream refuses: no retry of the client helps until the server's operator fixes it.
+    sim.set_script(SimScript(rules=[Rule(fault="http_401")]))
+    api = openai.OpenAI(base_url=f"{proxy.url}/v1", api_key="unused", timeout=30)
+    with pytest.raises(openai.APIStatusError) as caught:
+        api.chat.completions.create(model="cot/sim-model", messages=[{"role": "user", "content": "What is 1+1?"}])
+    assert caught.value.status_code == 424 and caught.value.code == "upstream_unusable"
+    message = caught.value.message
+    assert "HTTP 401 from the upstream" in message and "operator fixes it" in message
+    assert "send the request again" not in message and sim.base_url not in message
+    # The SDK sent the request once, so the upstream was asked once.
+    assert len(sim.chat_bodies("solution")) == 1
+
+
 def test_a_stream_not_asked_for_usage_has_a_choice_in_every_chunk(sim: SimServer, proxy: ProxyThread) -> None:
     question = [{"role": "user", "content": "What is 12*12?"}]
     stream = client(proxy).chat.completions.create(model="cot/sim-model", messages=question, stream=True)

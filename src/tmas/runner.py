@@ -193,15 +193,25 @@ def problems_in_flight(settings: Settings, *, own_model: bool = False) -> int:
 class Unreachable(TmasError):
     """The endpoint could not be reached; finished work is kept for --resume (in ``run_dir``, where one is kept).
     ``again``: the command that continues it (default ``tmas run --resume RUN_DIR``; a sweep's names the sweep);
-    ``then``: the command to run after it (``tmas eval``'s report)."""
+    ``then``: the command to run after it (``tmas eval``'s report); ``cause``: the last failure's (tmas.llm.failures),
+    ``connect``, ``tls`` or ``quota``."""
 
-    def __init__(self, reason: str, run_dir: Path | None, *, again: str | None = None, then: str | None = None) -> None:
+    def __init__(
+        self,
+        reason: str,
+        run_dir: Path | None,
+        *,
+        again: str | None = None,
+        then: str | None = None,
+        cause: str = "connect",
+    ) -> None:
         if again is None and run_dir is not None:
             again = f"tmas run --resume {run_dir}"
         kept = f"; finished work is kept: continue with '{again}'{_then(then)}" if again is not None else ""
         super().__init__(reason + kept)
         self.reason = reason
         self.run_dir = run_dir
+        self.cause = cause
 
 
 class StoreFailed(TmasError):
@@ -929,7 +939,7 @@ async def run_problems(
                 # Each worker is a lane (tmas.llm.lanes): on an endpoint with pin_slots, its calls share one slot.
                 await gather_all(worker(Lane(w, workers)) for w in range(workers))
             except EndpointUnreachable as exc:
-                raise Unreachable(str(exc), store.run_dir) from None
+                raise Unreachable(str(exc), store.run_dir, cause=exc.cause) from None
             except sqlite3.Error as exc:
                 raise StoreFailed(str(exc), store.run_dir) from None
     summary = _summary(store, settings, state, tally, stats, time.monotonic() - started)

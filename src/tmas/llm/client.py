@@ -516,7 +516,7 @@ def _unreachable(route: Route, role: str, attempts: Attempts) -> Failure:
     assert last is not None
     urls = ", ".join(r.url for r in route.replicas)
     if attempts.unreachable:
-        raise EndpointUnreachable(f"endpoint {urls} unreachable for role {role!r}: {last}")
+        raise EndpointUnreachable(f"endpoint {urls} unreachable for role {role!r}: {last}", last.cause)
     if last.cause == "quota":
         raise QuotaSpent(f"endpoint {urls} refused role {role!r}: {last}")
     return last

@@ -185,6 +185,17 @@ def from_status(
     return Failure(said, f"http_{status}", retry=False)
 
 
+def lasting(cause: str) -> bool:
+    """Whether a failure of ``cause`` stays until the upstream or its configuration is fixed, however often a call is
+    sent: a TLS handshake refused (``tls``), the account's quota spent (``quota``), a 4xx status not worth sending
+    again (a key refused, a model or route the upstream does not serve). Not a refusal of what one request asks (400,
+    413, 422: a prompt past the context window), which another request need not meet."""
+    if cause in ("tls", "quota"):
+        return True
+    status = cause.removeprefix("http_")
+    return status.isdigit() and 400 <= int(status) < 500 and int(status) not in RETRYABLE_STATUS | {400, 413, 422}
+
+
 def from_stream_event(error: Any, *, began: bool = False, body: dict[str, Any] | None = None) -> Failure:
     """The failure an ``{"error": ...}`` event in a stream means: vLLM and SGLang send one for an error met after the
     stream began, with the status it would have had (``code``); ``began``: whether reply text had streamed before it;

@@ -42,12 +42,20 @@ def spent_before(cancel: BaseException) -> Completion | None:
 
 
 class EndpointUnreachable(LLMError):
-    """No connection could be made to any replica of an endpoint after all retries: it ends a run."""
+    """No connection could be made to any replica of an endpoint after all retries: it ends a run. ``cause``: the last
+    failure's (tmas.llm.failures), ``connect`` or ``tls``."""
+
+    def __init__(self, message: str, cause: str = "connect") -> None:
+        super().__init__(message)
+        self.cause = cause
 
 
 class QuotaSpent(EndpointUnreachable):
     """The endpoint's account has no quota left (OpenAI's 429 ``insufficient_quota``): every later call would be
     refused the same way, so it ends a run as an unreachable endpoint does, its finished work kept."""
+
+    def __init__(self, message: str, cause: str = "quota") -> None:
+        super().__init__(message, cause)
 
 
 @dataclass

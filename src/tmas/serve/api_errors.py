@@ -13,6 +13,7 @@ _TYPES = {
     404: "invalid_request_error",
     405: "invalid_request_error",
     413: "invalid_request_error",
+    424: "upstream_error",
     429: "requests",
     500: "server_error",
     502: "upstream_error",

@@ -23,6 +23,7 @@ from typing import Any
 
 from tmas.config import Settings
 from tmas.errors import ConfigError, InputError, TmasError
+from tmas.llm.failures import lasting
 from tmas.llm.model import ChatModel
 from tmas.llm.sampling import with_sampling
 from tmas.llm.types import Completion
@@ -30,7 +31,7 @@ from tmas.methods import METHODS, check_given_params, create_method, question_pa
 from tmas.methods.base import ProblemResult
 from tmas.planning.estimate import QUESTION_CALLS
 from tmas.problems import Problem
-from tmas.runner import run_problems
+from tmas.runner import Unreachable, run_problems
 from tmas.serve.admission import Admission
 from tmas.serve.api_errors import ApiError
 from tmas.serve.client_sampling import ClientSampling, request_sampling
@@ -107,6 +108,9 @@ class Job:
         if self.task is None or not self.task.done() or self.task.cancelled():
             raise ApiError(500, "the request's run was cancelled; send it again to resume it", "cancelled")
         exc = self.task.exception()
+        if isinstance(exc, ConfigError) or (isinstance(exc, Unreachable) and lasting(exc.cause)):
+            # A handshake refused, a model the upstream does not serve: the same request fails the same way.
+            raise ApiError(424, f"upstream: {for_client(str(exc))}; {UNUSABLE}", "upstream_unusable")
         if isinstance(exc, TmasError):
             reason = for_client(str(exc))
             raise ApiError(502, f"upstream: {reason}; send the request again to resume its run", "upstream_error")
@@ -119,6 +123,10 @@ class Job:
                 # The upstream refused what the request asks (a prompt past its context window): a request sent
                 # again is refused again, so no client should retry it as it retries a 502.
                 raise ApiError(400, f"the upstream refused the request: {for_client(error)}", "upstream_refused")
+            status = _STATUS.search(error)
+            if status is not None and lasting(f"http_{status.group(1)}"):
+                # The upstream refuses every call so (a key refused, a model it does not serve): the operator's to fix.
+                raise ApiError(424, f"the method failed: {for_client(error)}; {UNUSABLE}", "upstream_unusable")
             again = "; send the request again to resume its run" if resumable(result) else ""
             raise ApiError(502, f"the method failed: {for_client(error)}{again}", "upstream_error")
         return result
@@ -137,6 +145,14 @@ def resumable(result: ProblemResult) -> bool:
 # A request the upstream cannot serve as asked, in a failure's message: the upstream's refusal
 # (tmas.llm.failures), or a prompt the client found past the known context window (tmas.llm.refusals).
 REFUSED = re.compile(r"\bHTTP (400|413|422)\b|does not fit the context window")
+# The status of an upstream's refusal in a failure's message (tmas.llm.failures.from_status).
+_STATUS = re.compile(r"\bHTTP (\d{3})\b")
+# What a client is told of an upstream no request can be served by until the server's operator fixes it: a retry
+# meets the same failure, so it is answered 424 (Failed Dependency), which clients do not retry as they retry a 5xx.
+UNUSABLE = (
+    "the upstream cannot serve this server's requests until the server's operator fixes it (its log says what"
+    " failed); sent again before that, the request fails the same way"
+)
 _URL = re.compile(r"https?://[^\s;,'\"()]*[^\s;,'\"():.]")
 
 

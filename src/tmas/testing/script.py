@@ -16,6 +16,8 @@ FaultKind = Literal[
     "http_503",
     "http_429",
     "http_400",
+    # A key the server refuses: every call is answered so until its operator fixes the key.
+    "http_401",
     "timeout",
     "drop",
     "malformed",

@@ -17,6 +17,7 @@ _FAULT_STATUS: dict[str, tuple[int, str, str]] = {
     "http_503": (503, "ServiceUnavailableError", "Simulated overload: the server is not ready."),
     "http_429": (429, "RateLimitError", "Simulated rate limit: too many requests."),
     "http_400": (400, "BadRequestError", "Simulated bad request."),
+    "http_401": (401, "AuthenticationError", "Simulated: invalid API key."),
 }
 # The faults an embeddings request can meet (truncate and garbage mean nothing for a vector).
 EMBEDDING_FAULTS = frozenset(
