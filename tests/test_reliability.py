@@ -25,6 +25,7 @@ from tmas.problems import Problem, load_problems
 from tmas.runner import RunState, Unreachable, prepare_run, run_problems
 from tmas.store.run_store import RunStore
 from tmas.testing import FaultRates, Rule, ScriptedModel, SimScript, SimServer
+from tmas.testing.sim_faults import RUNNING_TIMEOUT
 
 TMAS_SMALL = ["--method", "tmas", "-T", "2", "-p", "n=2", "-p", "m=2", "--seed", "5"]
 
@@ -439,3 +440,20 @@ async def test_a_rate_limit_is_waited_out_and_the_run_goes_on(tmp_path: Path) ->
         asked = [r.problem_id for r in sim.requests if r.endpoint == "chat"]
     assert asked == ["p0", "p1", "p1", "p1", "p2"]
     assert (summary.done, summary.failed, summary.retries_by_cause) == (3, 0, {"http_429": 2})
+
+
+@pytest.mark.parametrize("stream", ["on", "off"])
+async def test_sglangs_running_time_limit_is_its_own_cause_and_is_sent_again_once(tmp_path: Path, stream: str) -> None:
+    problems = write_jsonl(tmp_path / "p.jsonl", arithmetic(3))
+    # SGLang aborts the reply part way, every time it is asked (scheduler.py _abort_on_running_timeout).
+    limited = Rule(pattern=r"3\*7", fault="stream_error", error_status=503, error_message=RUNNING_TIMEOUT)
+    async with SimServer(SimScript(persona="sglang", rules=[limited])) as sim:
+        settings = _one_at_a_time(sim)
+        settings.endpoint.stream = stream  # type: ignore[assignment]
+        summary = await arun(problems, tmp_path / "run", settings)
+        asked = [r.problem_id for r in sim.requests if r.endpoint == "chat"]
+    assert asked == ["p0", "p1", "p1", "p2"]  # sent again once, not up to max_attempts
+    assert (summary.done, summary.failed, summary.retries_by_cause) == (2, 1, {"running_timeout": 1})
+    with RunStore(tmp_path / "run") as store:
+        [failed] = [c for c in store.calls() if not c.ok]
+    assert failed.error_cause == "running_timeout" and "SGLANG_REQ_RUNNING_TIMEOUT" in (failed.error or "")

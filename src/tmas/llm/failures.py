@@ -30,6 +30,14 @@ RETRYABLE_STATUS = frozenset({408, 409, 425, 429, 500, 502, 503, 504})
 # first event of an HTTP 200 stream (serving_chat.py, create_streaming_error_response(message, "SERVICE_UNAVAILABLE",
 # 503)). Such an event counts as the status would (cause ``http_503``), not as generation that broke.
 OVERLOAD_STATUS = frozenset({429, 503})
+# SGLang's limit on a request's running time (SGLANG_REQ_RUNNING_TIMEOUT, off by default): its scheduler aborts a
+# request generating for longer with 503 "Request running timeout reached." (python/sglang/srt/managers/scheduler.py,
+# _abort_on_running_timeout), which a streamed request meets as an error event part way through its reply and an
+# unstreamed one as the reply's status (tokenizer_manager.py raises it as an HTTPException). A reply as long meets it
+# again, so it is not the overload a 503 otherwise says: cause ``running_timeout``, sent again once per call
+# (tmas.llm.retry), since a resampled reply may be shorter.
+_RUNNING_TIMEOUT = re.compile(r"running timeout reached", re.I)
+_RUNNING_LIMIT = "the server's limit on a request's running time: SGLANG_REQ_RUNNING_TIMEOUT"
 
 # OpenAI's wording of a field a model refuses: "Unsupported parameter: 'max_tokens' ... Use 'max_completion_tokens'
 # instead." and "Unsupported value: 'temperature' does not support 0.7 with this model. Only the default (1) value is
@@ -132,7 +140,8 @@ class Failure(Exception):
     """One failed attempt of a call.
 
     ``cause``: a word for counting (``connect``, ``tls``, ``disconnected``, ``timeout``, ``stall``, ``dead``,
-    ``no_progress``, ``cut``, ``malformed``, ``stream_error``, ``engine_fault``, ``abort``, ``http_503``, ``context``,
+    ``no_progress``, ``cut``, ``malformed``, ``stream_error``, ``engine_fault``, ``abort``, ``http_503``,
+    ``running_timeout``, ``context``,
     ``deadline``, ``structured_output``, ``stream``, ``sampling``, ...). ``retry``: whether the same request may
     succeed if sent again. ``connect``: no connection could be made at all (refused, unanswered, or its TLS handshake
     failed). ``context`` / ``refused_field``: what a refusal said, for the client to adapt."""
@@ -173,6 +182,8 @@ def from_status(
     if status == 429 and _quota_spent(_error_object(text)):
         # OpenAI's 429 for an account out of credit: unlike a rate limit, no wait makes the same request succeed.
         return Failure(f"{said} (the account's quota is spent: not sent again)", "quota", retry=False)
+    if status == 503 and _RUNNING_TIMEOUT.search(message):
+        return Failure(f"{said} ({_RUNNING_LIMIT})", "running_timeout", retry=True)
     if status in RETRYABLE_STATUS:
         return Failure(said, f"http_{status}", retry=True, retry_after=_seconds(retry_after))
     if status == 400 or status == 413 or status == 422:
@@ -216,6 +227,8 @@ def from_stream_event(error: Any, *, began: bool = False, body: dict[str, Any] |
     code = error.get("code") if isinstance(error, dict) else None
     status = code if isinstance(code, int) and not isinstance(code, bool) else None
     said = f"server error in stream: {message}"
+    if status == 503 and _RUNNING_TIMEOUT.search(message):
+        return Failure(f"{said} (HTTP 503, {_RUNNING_LIMIT})", "running_timeout", retry=True)
     if status in OVERLOAD_STATUS:
         return Failure(f"{said} (HTTP {status})", f"http_{status}", retry=True)
     if status is None or not 400 <= status < 500 or status in RETRYABLE_STATUS:

@@ -2,10 +2,10 @@
 
 A failure the request itself caused is final. One the server or the network caused is sent again after a backoff
 (exponential, full jitter, at least the server's Retry-After), up to ``retry.max_attempts`` attempts; an engine
-fault reported with a client status (:data:`ONCE_PER_CALL`) only once, since a second one is more likely the
-request's. A call that adapts to a refusal (a field left out, a smaller max_tokens) goes again at once without costing
-an attempt, and so does one whose connection a replica refused while another replica answers (it goes there:
-tmas.llm.client.LLMClient._moved_on). Every retry is counted by its cause.
+fault reported with a client status, and a reply SGLang aborted at its running-time limit (:data:`ONCE_PER_CALL`),
+only once, since a second one is more likely the request's. A call that adapts to a refusal (a field left out, a
+smaller max_tokens) goes again at once without costing an attempt, and so does one whose connection a replica refused
+while another replica answers (it goes there: tmas.llm.client.LLMClient._moved_on). Every retry is counted by its cause.
 """
 
 from __future__ import annotations
@@ -16,8 +16,9 @@ from dataclasses import dataclass, field
 from tmas.config import Retry
 from tmas.llm.failures import Failure
 
-# Causes sent again at most once per call: a 4xx error event told to be the engine's fault (tmas.llm.failures).
-ONCE_PER_CALL = frozenset({"engine_fault"})
+# Causes sent again at most once per call: a 4xx error event told to be the engine's fault, a reply SGLang aborted at
+# its running-time limit (tmas.llm.failures).
+ONCE_PER_CALL = frozenset({"engine_fault", "running_timeout"})
 
 
 @dataclass

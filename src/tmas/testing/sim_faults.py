@@ -120,6 +120,10 @@ def status_error(persona: str, status: int, message: str) -> dict[str, Any]:
 # SGLang's scheduler, its waiting queue full (scheduler.py _abort_on_queued_limit): the request ends with an abort
 # carrying HTTP 503 and this message.
 QUEUE_FULL = "The request queue is full."
+# SGLang's scheduler, a request running past SGLANG_REQ_RUNNING_TIMEOUT (scheduler.py _abort_on_running_timeout): the
+# request ends part way with an abort carrying HTTP 503 and this message (a rule's fault "stream_error" with
+# error_status 503 and this error_message sends it so, in SGLang's error-event shape).
+RUNNING_TIMEOUT = "Request running timeout reached."
 
 
 def rule_error(persona: str, rule: Rule, status: int, *, event: bool = False) -> dict[str, Any]:
