@@ -62,6 +62,25 @@ async def test_calls_queued_past_timeout_s_are_waited_for_and_sent_once(persona:
     assert max(c.first_token_s or 0.0 for c in done) >= 5 * 0.4
 
 
+@pytest.mark.parametrize("persona", ["vllm", "sglang"])
+async def test_unstreamed_calls_queued_past_timeout_s_are_waited_for_and_sent_once(persona: str) -> None:
+    # As above, unstreamed: a reply comes whole, so the call is silent while queued and while generated alike. The
+    # server answers /health and progresses, so each call is sent once, not closed and sent to the back of the queue.
+    script = SimScript(persona=persona, max_running=1, rules=[Rule(latency_s=0.4)])  # type: ignore[arg-type]
+    with SimServer(script) as sim:
+        stats = ClientStats()
+        settings = settings_for(
+            sim, endpoint__timeout_s=0.4, endpoint__stream="off", endpoint__batch_samples="off", concurrency=16
+        )
+        async with LLMClient(settings, stats=stats) as llm:
+            done = await asyncio.gather(*(llm.chat("solution", [user(f"What is {i}*7?")]) for i in range(5)))
+        served = sim.stats()
+    assert all(c.ok for c in done), [c.error for c in done]
+    assert served.total_requests == 5 and served.aborted == 0 and served.max_waiting >= 3
+    assert stats.retries == 0 and all(c.attempts == 1 for c in done)
+    assert all(not body.get("stream") for body in sim.chat_bodies("solution"))
+
+
 async def _behind_a_running_call(settings: Settings) -> Completion:
     """A call sent while another runs on a one-sequence server (so it waits in the queue); the other must succeed."""
     async with LLMClient(settings) as llm:

@@ -9,7 +9,9 @@ between two) is judged, once it passes ``timeout_s`` and then every check interv
 (:mod:`tmas.llm.vitals`): it is waited out while the replica answers ``/health`` and shows progress within
 ``progress_timeout_s``, and ends the attempt otherwise (causes ``dead``, ``no_progress``, ``stall``); the wait for the
 first chunk is bounded too by ``queue_timeout_s`` where set, and the whole call by ``deadline_s``. An unstreamed reply
-is silent until whole: ``timeout_s`` bounds it whole.
+is silent until whole, whether it waits in the queue or is generated: its silence is judged alike, so a call queued
+behind others is waited for rather than closed and sent to the back of the queue (``queue_timeout_s``, which would
+bound its generation too, does not apply to it).
 
 ``deadline_s`` counts from the moment the request is sent, after the client's own slots and caps let it go.
 """
@@ -20,7 +22,7 @@ import asyncio
 import contextlib
 import json
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Coroutine
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -88,8 +90,8 @@ async def send(exchange: Exchange, timing: Timing) -> dict[str, Any]:
     try:
         async with asyncio.timeout(endpoint.deadline_s) as deadline:
             if not exchange.body.get("stream"):
-                return await _whole(exchange, timing)
-            return await _watched(exchange, timing)
+                return await _watched(exchange, timing, _whole(exchange, timing), streamed=False)
+            return await _watched(exchange, timing, _streamed(exchange, timing), streamed=True)
     except TimeoutError:
         if deadline.expired():
             # Not retried: a call that ran out of its whole budget would most likely run out of it again.
@@ -102,7 +104,8 @@ async def send(exchange: Exchange, timing: Timing) -> dict[str, Any]:
 
 
 async def _whole(exchange: Exchange, timing: Timing) -> dict[str, Any]:
-    timeout = aiohttp.ClientTimeout(total=exchange.endpoint.timeout_s, sock_connect=connect_timeout(exchange.endpoint))
+    # No limit on the wait itself: its silence is judged (_watched).
+    timeout = aiohttp.ClientTimeout(total=None, sock_connect=connect_timeout(exchange.endpoint))
     try:
         async with exchange.session.post(
             exchange.url, json=exchange.body, headers=exchange.headers, timeout=timeout
@@ -112,32 +115,31 @@ async def _whole(exchange: Exchange, timing: Timing) -> dict[str, Any]:
             status, retry_after = resp.status, resp.headers.get("Retry-After")
     except aiohttp.ConnectionTimeoutError as exc:
         raise failures.from_exception(exc, exchange.url, sent=False) from None
-    except TimeoutError:
-        raise Failure(
-            f"no reply from {exchange.url} within {exchange.endpoint.timeout_s:g}s", "timeout", retry=True
-        ) from None
     except (aiohttp.ClientError, ConnectionError) as exc:
         raise failures.from_exception(exc, exchange.url, sent=timing.first_chunk_at is not None) from None
     return _json_reply(status, text, exchange, retry_after)
 
 
-async def _watched(exchange: Exchange, timing: Timing) -> dict[str, Any]:
-    """Run the streamed exchange; each silence past ``timeout_s`` is judged (see the module's docstring)."""
+async def _watched(
+    exchange: Exchange, timing: Timing, reply: Coroutine[Any, Any, dict[str, Any]], *, streamed: bool
+) -> dict[str, Any]:
+    """Run the exchange (``reply``); each silence past ``timeout_s`` is judged (see the module's docstring)."""
     endpoint = exchange.endpoint
-    task = asyncio.ensure_future(_streamed(exchange, timing))
+    queue_timeout_s = endpoint.queue_timeout_s if streamed else None
+    task = asyncio.ensure_future(reply)
     try:
         while True:
             # A wait that times out leaves the exchange running. Not wait_for: on Python 3.11 it returns a reply that
             # came whole in the turn its caller was cancelled, and the cancel (a Ctrl-C, a client gone) is lost.
-            await asyncio.wait({task}, timeout=_until_next_check(endpoint, timing))
+            await asyncio.wait({task}, timeout=_until_next_check(endpoint, timing, queue_timeout_s))
             if task.done():
                 return task.result()
             now = time.monotonic()
-            began = timing.first_chunk_at is not None
+            began = streamed and timing.first_chunk_at is not None
             silent_since = timing.last_chunk_at if timing.last_chunk_at is not None else timing.sent_at
-            if not began and endpoint.queue_timeout_s is not None and now - timing.sent_at >= endpoint.queue_timeout_s:
+            if not began and queue_timeout_s is not None and now - timing.sent_at >= queue_timeout_s:
                 raise Failure(
-                    f"{exchange.url} sent no first chunk within queue_timeout_s = {endpoint.queue_timeout_s:g}s",
+                    f"{exchange.url} sent no first chunk within queue_timeout_s = {queue_timeout_s:g}s",
                     "queue_timeout",
                     retry=True,
                 )
@@ -160,7 +162,7 @@ def connect_timeout(endpoint: Endpoint) -> float:
     return min(endpoint.timeout_s, failures.CONNECT_TIMEOUT_S)
 
 
-def _until_next_check(endpoint: Endpoint, timing: Timing) -> float:
+def _until_next_check(endpoint: Endpoint, timing: Timing, queue_timeout_s: float | None) -> float:
     """Seconds until the current silence is next judged: when it reaches ``timeout_s``, then every check interval
     after the last check; no later than ``queue_timeout_s`` before the first chunk."""
     now = time.monotonic()
@@ -168,8 +170,8 @@ def _until_next_check(endpoint: Endpoint, timing: Timing) -> float:
     due = silent_since + endpoint.timeout_s
     if timing.checked_at is not None and timing.checked_at > silent_since:
         due = max(due, timing.checked_at + check_interval(endpoint))
-    if timing.first_chunk_at is None and endpoint.queue_timeout_s is not None:
-        due = min(due, timing.sent_at + endpoint.queue_timeout_s)
+    if timing.first_chunk_at is None and queue_timeout_s is not None:
+        due = min(due, timing.sent_at + queue_timeout_s)
     return max(0.0, due - now)
 
 
