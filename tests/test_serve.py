@@ -763,6 +763,23 @@ def test_an_unreachable_upstream_is_a_502_and_the_run_stays_resumable(sim: SimSe
         assert store.results() == [] and store.get_meta("serve_request")["method"] == "cot"
 
 
+def test_an_upstream_whose_tls_handshake_fails_is_a_424_no_client_retries(sim: SimServer, tmp_path: Path) -> None:
+    # The simulated server speaks plain HTTP: an https:// URL to it fails its handshake, however often it is sent.
+    settings = settings_for(sim).model_copy(deep=True)
+    settings.endpoint.base_url = [sim.base_url.replace("http://", "https://")]
+    question = [{"role": "user", "content": "What is 1+1?"}]
+    with (
+        ProxyThread(settings, ServeOptions(serve_dir=tmp_path / "served")) as proxy,
+        pytest.raises(openai.APIStatusError) as caught,
+    ):
+        client(proxy).chat.completions.create(model="cot/sim-model", messages=question)  # type: ignore[arg-type]
+    assert caught.value.status_code == 424 and caught.value.code == "upstream_unusable"
+    message = caught.value.message
+    assert "TLS handshake failed" in message and "operator fixes it" in message
+    assert "send the request again" not in message and "127.0.0.1" not in message
+    assert sim.chat_bodies("solution") == []
+
+
 @pytest.mark.slow
 def test_stopping_the_server_answers_503_and_keeps_the_run_resumable(sim: SimServer, tmp_path: Path) -> None:
     sim.set_script(SimScript(rules=[Rule(role="verifier", latency_s=30.0)]))
