@@ -41,8 +41,9 @@ from embedded_cpu import TMAS_CLI, _run
 
 from tmas.answer_classes import answer_classes
 from tmas.answer_rules import RuleEquivalence, check_pair, math_verify_installed
-from tmas.data.generators import FAMILIES, generate, write_jsonl
+from tmas.data.generators import FAMILIES, generate
 from tmas.grading.run_results import load_results
+from tmas.jsonl import write_jsonl
 from tmas.methods.base import Candidate
 from tmas.methods.confidence import trace_confidence
 from tmas.methods.online_stop import ConfidenceWatch, stopping_threshold

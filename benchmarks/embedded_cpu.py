@@ -40,9 +40,10 @@ from pathlib import Path
 from typing import Any
 
 from tmas.config import LocalModel
-from tmas.data.generators import FAMILIES, generate, write_jsonl
+from tmas.data.generators import FAMILIES, generate
 from tmas.grading.grades import GradeConfig
 from tmas.grading.run_results import load_results
+from tmas.jsonl import write_jsonl
 from tmas.llm.local_command import llama_server_bin_dir, replica_threads
 from tmas.llm.weights import resolve_model
 from tmas.reports.report import evaluate_run

@@ -32,9 +32,10 @@ from pathlib import Path
 from typing import Any
 
 from tmas.config import Budget, Settings
-from tmas.data.generators import FAMILIES, generate, write_jsonl
+from tmas.data.generators import FAMILIES, generate
 from tmas.errors import ConfigError, TmasError
 from tmas.grading.grades import GradeConfig
+from tmas.jsonl import write_jsonl
 from tmas.llm.provision import provisioned
 from tmas.problems import load_problems
 from tmas.reports.report import build_report

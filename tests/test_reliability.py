@@ -153,9 +153,9 @@ def test_files_that_start_with_a_byte_order_mark_are_read(tmp_path: Path) -> Non
     config = tmp_path / "tmas.toml"
     config.write_bytes(bom + b'[endpoint]\nmodel = "m"\n')
     assert load_settings(config, environ={}).endpoint.model == "m"
-    # Only at the very start: a mark inside the file is no JSON.
+    # Only at the very start: a mark starting a later line (files joined together) is said as such.
     problems.write_bytes(b'{"problem_id": "a", "question": "x"}\n' + bom + b'{"problem_id": "b", "question": "y"}\n')
-    with pytest.raises(InputError, match=r"p\.jsonl:2: not valid JSON"):
+    with pytest.raises(InputError, match=r"p\.jsonl:2: a byte-order mark \(U\+FEFF\) begins the line"):
         load_problems(problems)
 
 
