@@ -525,18 +525,19 @@ async def test_the_endpoint_embedder_stays_under_an_apis_cap_on_inputs_per_reque
     assert np.allclose(pool.vectors[[-1, EMBED_BATCH]], expected, atol=1e-6)
 
 
+async def _build_unnamed(pool_path: Path, settings: Settings) -> None:
+    """A pool of one entry, embedded by an embedding role that names no model."""
+    async with LLMClient(settings) as llm:
+        embed = EndpointEmbedder(llm)
+        pool = Pool.create(pool_path, embed.name)
+        await pool.add([PoolEntry(id="e0", action="Split a factor", experience="17*23 is 17*20 + 17*3.")], embed)
+        pool.save()
+
+
 def test_a_pool_of_an_unnamed_embedding_model_records_the_served_one_and_refuses_another(tmp_path: Path) -> None:
     pool_path = tmp_path / "pool"
-
-    async def build(settings: Settings) -> None:
-        async with LLMClient(settings) as llm:
-            embed = EndpointEmbedder(llm)
-            pool = Pool.create(pool_path, embed.name)
-            await pool.add([PoolEntry(id="e0", action="Reduce mod 9", experience="Digit sums keep residues.")], embed)
-            pool.save()
-
     with SimServer(SimScript(model="embed-a")) as first:
-        asyncio.run(build(settings_for(first, endpoint__model=None)))
+        asyncio.run(_build_unnamed(pool_path, settings_for(first, endpoint__model=None)))
     assert Pool.open(pool_path).meta.embedder == "endpoint:embed-a"
     with SimServer(SimScript(model="embed-b")) as second:
         found = CliRunner().invoke(app, ["experience", "search", str(pool_path), "x", "--base-url", second.base_url])
@@ -551,16 +552,8 @@ def test_a_pool_of_an_unnamed_embedding_model_records_the_served_one_and_refuses
 
 def test_a_mattrl_run_on_a_server_of_another_embedding_model_than_its_unnamed_pool_is_refused(tmp_path: Path) -> None:
     pool_path = tmp_path / "pool"
-
-    async def build(settings: Settings) -> None:
-        async with LLMClient(settings) as llm:
-            embed = EndpointEmbedder(llm)
-            pool = Pool.create(pool_path, embed.name)
-            await pool.add([PoolEntry(id="e0", action="Split a factor", experience="17*23 is 17*20 + 17*3.")], embed)
-            pool.save()
-
     with SimServer(SimScript(model="embed-a")) as first:
-        asyncio.run(build(settings_for(first, endpoint__model=None)))
+        asyncio.run(_build_unnamed(pool_path, settings_for(first, endpoint__model=None)))
     params = {"iterations": 1, "team_size": 2, "pool": str(pool_path), "top_k": 1}
     with SimServer(SimScript(model="embed-b")) as second:
         settings = settings_for(second, endpoint__model=None, method={"name": "mattrl", "params": params})
