@@ -224,19 +224,22 @@ async def test_an_opinion_that_echoes_the_instructions_twice_never_reaches_the_c
     assert result.answer == "391"
 
 
+# A peer's review objecting to 390 as 17*23.
+OBJECTION = json.dumps(
+    {
+        "analysis": "The product is off.",
+        "verdict": "revise",
+        "validated": [],
+        "issues": [{"type": "algebra_error", "severity": "major", "note": "17*23 is not 390.", "fix": "Redo it."}],
+    }
+)
+
+
 async def test_a_kept_answer_whose_reviews_all_failed_has_not_converged() -> None:
-    objection = json.dumps(
-        {
-            "analysis": "The product is off.",
-            "verdict": "revise",
-            "validated": [],
-            "issues": [{"type": "algebra_error", "severity": "major", "note": "17*23 is not 390.", "fix": "Redo it."}],
-        }
-    )
     rules = [
         Rule(role="specialist", pattern="You are Arithmetic strategist", replies=[WRONG], times=2),
         # Round 1: both peers object to 390; round 2: every review of S1's unchanged 390 fails (each asked twice).
-        Rule(role="reviewer", pattern="= 390", replies=[objection], times=2),
+        Rule(role="reviewer", pattern="= 390", replies=[OBJECTION], times=2),
         Rule(role="reviewer", pattern="= 390", fault="http_400", times=4),
     ]
     result, _ = await run(rules, iterations=3)
@@ -252,18 +255,10 @@ async def test_a_kept_answer_whose_reviews_all_failed_has_not_converged() -> Non
 
 
 async def test_an_unreadable_review_is_no_verdict_in_its_authors_feedback() -> None:
-    objection = json.dumps(
-        {
-            "analysis": "The product is off.",
-            "verdict": "revise",
-            "validated": [],
-            "issues": [{"type": "algebra_error", "severity": "major", "note": "17*23 is not 390.", "fix": "Redo it."}],
-        }
-    )
     rules = [
         SLIP,
         # Round 1: S2 objects to S1's 390; S3's review of it fails, its retry too.
-        Rule(role="reviewer", pattern="= 390.*You are Computation checker, reviewing", replies=[objection], times=1),
+        Rule(role="reviewer", pattern="= 390.*You are Computation checker, reviewing", replies=[OBJECTION], times=1),
         Rule(role="reviewer", pattern="= 390.*You are Edge-case auditor, reviewing", fault="http_400", times=2),
     ]
     result, model = await run(rules, iterations=2)
