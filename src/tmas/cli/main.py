@@ -318,9 +318,11 @@ def _resume_run(
     with running(run_dir):
         pass
     settings = with_method_params(settings, given.params(settings.method.name))
-    check_before_estimate(settings, functools.partial(flags.key_origin, stored=run_dir))  # as a new run's
+    # Stored parameters this version refuses are said as the run's, before the checks a new run makes.
+    setup = RunSetup.check(settings, resuming=run_dir)
+    origin = functools.partial(flags.key_origin, stored=run_dir)
+    check_before_estimate(settings, origin, setup.method.traits.roles)  # as a new run's
     with RunStore(run_dir, create=False) as peek:
-        setup = RunSetup.check(settings, resuming=run_dir)
         # A resume that would keep finished results under other settings is refused here, before the estimate: its
         # pilot would send calls, and its gate ask about a run that is then refused (prepare_run checks it again).
         # Where no model is named, its servers are asked what they serve now: one restarted with another model

@@ -170,13 +170,8 @@ def open_read_only(path: Path) -> sqlite3.Connection:
     it has no summaries, so an empty temporary table stands in and its results are summarized as they are read."""
     db = sqlite3.connect(f"{path.resolve().as_uri()}?mode=ro", uri=True, check_same_thread=False)
     db.execute("PRAGMA busy_timeout=10000")
-    try:
-        version = read_meta(db, "schema_version")
-    except sqlite3.OperationalError:
-        version = None  # created a moment ago, schema not written yet (or not a run store at all)
-    except sqlite3.DatabaseError as exc:  # "database disk image is malformed", "file is not a database"
-        db.close()
-        raise DamagedStore(f"{path}: not a readable run store ({exc})") from None
+    tables = _tables(db, path)
+    version = read_meta(db, "schema_version") if "meta" in tables else None  # None: its schema not written yet
     if version not in READABLE_SCHEMAS:
         db.close()
         error = StoreError if version is None else UnknownSchema
@@ -193,15 +188,8 @@ def open_writable(path: Path) -> tuple[sqlite3.Connection, bool]:
     path.parent.mkdir(parents=True, exist_ok=True)
     db = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
     db.execute("PRAGMA busy_timeout=10000")
-    try:
-        # A damaged file, or another program's database, is said so, and nothing is written into the latter.
-        tables = {row[0] for row in db.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
-    except sqlite3.DatabaseError as exc:
-        db.close()
-        raise DamagedStore(f"{path}: not a readable run store ({exc})") from None
-    if tables and "meta" not in tables:
-        db.close()
-        raise StoreError(f"{path}: a database, but not a tmas run store (it has no meta table)")
+    # A damaged file, or another program's database, is said so, and nothing is written into the latter.
+    tables = _tables(db, path)
     # A store of a schema this tmas does not know (a newer tmas's) is refused before anything is written into it.
     version = read_meta(db, "schema_version") if tables else None
     if version is not None and version not in READABLE_SCHEMAS:
@@ -222,6 +210,20 @@ def open_writable(path: Path) -> tuple[sqlite3.Connection, bool]:
         # The blobs table and text_parts column (schema 1) and the summaries table were just added.
         return db, True
     return db, False
+
+
+def _tables(db: sqlite3.Connection, path: Path) -> set[str]:
+    """The tables of the store ``db`` opened at ``path`` (none in a new file); :class:`DamagedStore` for a damaged
+    file, :class:`StoreError` (``db`` closed) for another program's database."""
+    try:
+        tables = {row[0] for row in db.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
+    except sqlite3.DatabaseError as exc:  # "database disk image is malformed", "file is not a database"
+        db.close()
+        raise DamagedStore(f"{path}: not a readable run store ({exc})") from None
+    if tables and "meta" not in tables:
+        db.close()
+        raise StoreError(f"{path}: a database, but not a tmas run store (it has no meta table)")
+    return tables
 
 
 def _unknown_schema(path: Path, version: Any) -> str:
