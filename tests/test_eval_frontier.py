@@ -13,6 +13,7 @@ from stored_records import as_results
 from tmas.grading.grades import SELECTED, Grades
 from tmas.reports.frontier import equal_budget, iteration_frontier, mv_at_k, mv_frontier
 from tmas.reports.metrics import compute_metrics
+from tmas.reports.report import _separation_text
 from tmas.reports.roc import confidence_separation, roc_area, score_separation
 from tmas.reports.selection_table import selection_table
 
@@ -288,6 +289,34 @@ def test_score_separation_of_a_run() -> None:
         {"problem_id": "p", "iterations": [{"iteration": 0, "selected": "7", "candidates": _cands(["7"], [0])}]}
     ]
     assert not score_separation(as_results(unscored), _grade(unscored, {"p": "7"})).available
+
+
+def test_score_separation_leaves_out_verifications_without_a_score() -> None:
+    # Scores as TMAS stores them: the mean of the verifications, one without a score counted 0.
+    cands = _cands(["7", "5", "7", "4", None], [0] * 5, [0.5, 0.5, 0.0, 0.5, 0.0])
+    unread, failed = {"score": None, "raw": "no verdict"}, {"score": None, "error": "HTTP 500"}
+    checks = [
+        [{"score": 1.0}, unread],
+        [{"score": 0.5}, {"score": 0.5}],
+        [failed, unread],
+        [{"score": 0.0}, {"score": 1.0}],
+        [{"score": 1.0}, unread],
+    ]
+    for c, verifications in zip(cands, checks, strict=True):
+        c["meta"] = {"verifications": verifications}
+    results = [{"problem_id": "p", "iterations": [{"iteration": 0, "selected": "7", "candidates": cands}]}]
+    s = score_separation(as_results(results), _grade(results, {"p": "7"}))
+    # Read by their readable verifications: right 1.0 (the first; the third has none and is left out) against wrong
+    # 0.5 and 0.5: both pairs won, ROC area 1. Counting the unread ones as 0 gave right 0.5, 0.0 against 0.5, 0.5:
+    # two ties and two losses, 1/4. Left out: 1 + 2 verifications of candidates with an answer; the answerless one
+    # apart.
+    assert (s.auc, s.right, s.wrong, s.right_mean, s.wrong_mean) == (1.0, 1, 2, 1.0, 0.5)
+    assert (s.unread, s.answerless) == (3, 1)
+    assert _separation_text(s, "scored", "score") == (
+        "ROC area 1.000 over 1 right and 2 wrong scored candidates; mean score right 1.000, wrong 0.500; 1 scored "
+        "candidates without an answer left out; 3 verifications without a score (failed or unreadable) left out, each "
+        "candidate scored by its readable ones."
+    )
 
 
 def test_confidence_separation_reads_the_runs_measure() -> None:

@@ -845,8 +845,14 @@ def _score_separation(doc: Document, e: RunEvaluation) -> None:
 
 
 def _separation_text(s: ScoreSeparation, done: str, what: str) -> str:
+    unread = (
+        f"; {s.unread} verifications without a score (failed or unreadable) left out, each candidate scored by its "
+        "readable ones"
+        if s.unread
+        else ""
+    )
     if not s.available:
-        return f"Not available: {s.reason}."
+        return f"Not available: {s.reason}{unread}."
     auc = "-" if s.auc is None else f"{s.auc:.3f}"
 
     def fmt(v: float | None) -> str:
@@ -855,6 +861,7 @@ def _separation_text(s: ScoreSeparation, done: str, what: str) -> str:
     text = (
         f"ROC area {auc} over {s.right} right and {s.wrong} wrong {done} candidates; mean {what} right "
         f"{fmt(s.right_mean)}, wrong {fmt(s.wrong_mean)}; {s.answerless} {done} candidates without an answer left out"
+        f"{unread}"
     )
     return text + (f" ({s.reason})" if s.reason else "") + "."
 

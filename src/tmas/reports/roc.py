@@ -3,6 +3,10 @@ and the same of the candidates' confidence from log-probabilities (DeepConf).
 
 Every candidate with a score and an extracted answer counts once (answerless candidates are scored 0 by rule, not by
 the verifier, so they are left out and counted apart); it is correct when at least half of the judge runs say so.
+A candidate's score is what its verifiers gave it (:func:`tmas.reports.analysis.verification_score`): the mean of its
+readable verifications. A verification without a score (its call failed, or no score could be read from its reply)
+said nothing of the candidate, so it is left out and counted, not read as 0 as the method's selection score reads it;
+a candidate none of whose verifications holds a score is left out with them.
 """
 
 from __future__ import annotations
@@ -13,6 +17,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from tmas.grading.grades import Grades
+from tmas.reports.analysis import verification_score
 from tmas.reports.metrics import labeled_results
 from tmas.store.records import Candidate, ProblemResult
 
@@ -28,6 +33,8 @@ class ScoreSeparation:
     wrong_mean: float | None = None
     # Scored candidates left out because they have no extracted answer.
     answerless: int = 0
+    # Verifications of candidates with an answer left out because they hold no score (failed or unreadable).
+    unread: int = 0
 
 
 def roc_area(right: Sequence[float], wrong: Sequence[float]) -> float | None:
@@ -48,8 +55,9 @@ def score_separation(results: list[ProblemResult], grades: Grades) -> ScoreSepar
     return _separation(
         results,
         grades,
-        lambda cand: cand.score,
+        verification_score,
         "no scored candidate with an answer (the method records no verifier scores)",
+        count_unread=True,
     )
 
 
@@ -65,16 +73,25 @@ def confidence_separation(results: list[ProblemResult], grades: Grades, measure:
 
 
 def _separation(
-    results: list[ProblemResult], grades: Grades, value_of: Callable[[Candidate], float | None], none: str
+    results: list[ProblemResult],
+    grades: Grades,
+    value_of: Callable[[Candidate], float | None],
+    none: str,
+    *,
+    count_unread: bool = False,
 ) -> ScoreSeparation:
     right: list[float] = []
     wrong: list[float] = []
-    answerless = 0
+    answerless = unread = 0
     for result in labeled_results(results, grades):
         for record in result.iterations:
             for cand in record.candidates:
+                if cand.error is not None:
+                    continue
+                if count_unread and cand.answer is not None:
+                    unread += sum(v.score is None for v in cand.meta.verifications or [])
                 value = value_of(cand)
-                if value is None or cand.error is not None:
+                if value is None:
                     continue
                 if cand.answer is None:
                     answerless += 1
@@ -82,8 +99,8 @@ def _separation(
                 correct = grades.majority_correct((result.problem_id, record.iteration, cand.index))
                 (right if correct else wrong).append(value)
     if not right and not wrong:
-        return ScoreSeparation(False, none)
-    out = ScoreSeparation(True, right=len(right), wrong=len(wrong), answerless=answerless)
+        return ScoreSeparation(False, none, answerless=answerless, unread=unread)
+    out = ScoreSeparation(True, right=len(right), wrong=len(wrong), answerless=answerless, unread=unread)
     out.auc = roc_area(right, wrong)
     out.right_mean = statistics.fmean(right) if right else None
     out.wrong_mean = statistics.fmean(wrong) if wrong else None

@@ -11,7 +11,7 @@ Each part applies to a run by what its method declares (``traits``), never by it
   the share that passed the candidate (score above 0.5: on the paper's 1 / 0.5 / 0 scale, "fully correct"), and the
   ROC area of the candidates' scores (roc.py). Verifications of candidates without an answer are left out and
   counted apart (such a candidate scores 0 by rule, whatever its verifier said), as are verifications without a score
-  (the call failed, or no score could be read: the method counts them 0);
+  (the call failed, or no score could be read: the method counts them 0, the passes and the ROC area leave them out);
 - **iterations** (a method whose frontier runs over iterations, ``traits.frontier``): of the steps from one
   iteration to the next, those that changed the answer the method would return, for the better (wrong to right),
   for the worse (right to wrong), or to another wrong answer. Answers compare by value (normalized spelling and
@@ -304,7 +304,8 @@ def _verifier_part(doc: Document, runs: list[tuple[str, VerifierPasses]]) -> Non
         Paragraph(
             "Passed: verifications scoring the candidate above 0.5 (on the 1 / 0.5 / 0 scale, fully correct). Left "
             "out: verifications without a score (failed or unreadable) and those of candidates without an answer. "
-            "ROC area: of the candidates' scores (the chance a right candidate outscores a wrong one)."
+            "ROC area: of the candidates' scores, each the mean of its verifications with a score (the chance a "
+            "right candidate outscores a wrong one)."
         )
     )
     rows = []
