@@ -11,6 +11,7 @@ from tmas.answer_classes import value_key
 from tmas.answers import normalize_answer
 from tmas.grading.grades import SELECTED, Grades
 from tmas.reports.metrics import compute_metrics, pass_at_1, pass_at_1_stderr, vote_share
+from tmas.store.records import Candidate
 
 
 def test_pass_at_1_by_hand() -> None:
@@ -234,6 +235,32 @@ def test_a_final_state_reads_the_solutions_its_trajectories_hold_as_pass1_does()
     metrics = compute_metrics(as_results(results, "self_refine"), grades)
     assert [m.pass1 for m in metrics.iterations] == [1.0, 1.0]
     assert metrics.finals["a"].pass1 == 1.0
+
+
+def test_samples_stopped_online_are_no_rollouts_of_pass1() -> None:
+    # Majority vote with online stopping: p1 holds 391 (right), 390 and a sample stopped while it streamed; p2 holds 7
+    # (right) and a stopped sample. Stopped samples were discarded before any answer: Pass@1 is over the others,
+    # p1 1/2 and p2 1/1, so (1/2 + 1) / 2 = 3/4 (counting them wrong gave (1/3 + 1/2) / 2 = 5/12). Its standard
+    # error: deviations -1/4 and +1/4, sample variance 2/16, sd sqrt(2)/4, over sqrt(2): 1/4.
+    stop = "group confidence 1.750 of the last 4 tokens fell below the threshold 2.000 after 8 tokens"
+    stopped = {
+        "answer": None,
+        "text": "Seventeen times",
+        "error": f"stopped early: {stop}",
+        "finish_reason": "confidence_stop",
+        "meta": {"stopped_early": stop, "online_stop": "watched"},
+    }
+    results, grades = _majority({"p1": [["391", "390", None]], "p2": [["7", None]]}, {"p1": "391", "p2": "7"})
+    for result, index in ((results[0], 2), (results[1], 1)):
+        result.iterations[0].candidates[index] = Candidate.model_validate({"index": index, **stopped})
+    metrics = compute_metrics(results, grades, pooled=True)
+    [it0] = metrics.iterations
+    assert it0.pass1 == pytest.approx(3 / 4) and it0.pass1_runs == pytest.approx([3 / 4])
+    assert it0.pass1_stderr == pytest.approx(1 / 4)
+    # A stopped sample has no vote either: p1's 391 and 390 tie (1/2), p2's 7 wins.
+    assert it0.mv == pytest.approx(3 / 4)
+    # The final state the stopping comparison reads ("Pass@1 lost") counts the same rollouts.
+    assert {pid: final.pass1 for pid, final in metrics.finals.items()} == {"p1": 0.5, "p2": 1.0}
 
 
 def test_a_problem_that_ended_counts_every_token_it_spent_past_its_last_iteration() -> None:

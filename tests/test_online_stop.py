@@ -295,8 +295,11 @@ async def test_the_report_counts_the_stopped_samples(sim: SimServer, tmp_path: P
     summary = stopping_summary([result])
     assert (summary.stopped, summary.stopped_traces, summary.stopped_tokens_saved) == (0, 1, 92)
     doc = Document("report")
-    _run_section(doc, evaluation_of(tmp_path / "run"))
+    evaluation = evaluation_of(tmp_path / "run")
+    _run_section(doc, evaluation)
     assert "1 samples stopped while streaming (online_stop), saving about 92 completion tokens" in doc.markdown()
+    # The stopped sample is no rollout: Pass@1 is over the three that ran to their end, all 391 (3/4 if it counted).
+    assert evaluation.metrics.iterations[0].pass1 == 1.0
 
 
 def test_run_help_lists_the_online_parameters_and_their_source() -> None:

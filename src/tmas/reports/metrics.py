@@ -9,7 +9,9 @@ every candidate drawn up to the iteration, as the method does; otherwise over th
 Pass@1 and MV@k (not pooled) read the solutions an iteration's trajectories hold (:func:`held_at`): where a
 refinement gave no answer and its trajectory went on from an earlier solution (Self-Refine, Verify-Refine), that
 solution is the trajectory's rollout at the iteration, graded where it was written. Runs stored before that was
-recorded read each iteration's own candidates.
+recorded read each iteration's own candidates. A sample stopped while it streamed (online stopping, DeepConf's online
+mode: methods/online_stop.py) is no rollout: it was discarded by design before it reached an answer, so it neither
+votes nor counts in Pass@1's n_i (DeepConf's accuracies are over the traces that ran to their end).
 
 A problem that stopped early (adaptive stopping) keeps its last iteration's candidates at later iterations: that is
 what the method would return, at no further cost. The tables run to the method's last iteration (its T) once a problem
@@ -57,6 +59,8 @@ def pass_at_1(labels: Mapping[str, Sequence[Sequence[bool]]]) -> float:
     ``labels[problem][r]`` holds the correctness of each of the problem's n_i rollouts under judge run r.
     Pass@1^(r) = 1/|P| * sum_i c_i^(r) / n_i  (c_i^(r): rollouts judged correct in run r), and
     Pass@1 = 1/R * sum_r Pass@1^(r). A problem with no rollouts contributes 0.
+    The rollouts are the solutions the problem's trajectories hold (:func:`held_at`): a failed call or a reply
+    without an answer is a wrong one; a sample stopped by online stopping (DeepConf) is none, and not in n_i.
     """
     if not labels:
         return 0.0
@@ -193,10 +197,13 @@ def record_at(result: ProblemResult, iteration: int) -> IterationRecord | None:
 def held_at(result: ProblemResult, record: IterationRecord) -> list[tuple[int, Candidate]]:
     """The solutions ``result``'s trajectories hold at ``record``'s iteration, each with the iteration it was written
     in (its grades' key): the record's candidates, except a refinement without an answer whose trajectory went on
-    from an earlier solution (``meta.carried_from``: Self-Refine, Verify-Refine), read as that solution."""
+    from an earlier solution (``meta.carried_from``: Self-Refine, Verify-Refine), read as that solution. A sample
+    stopped while it streamed (``meta.stopped_early``: online stopping) holds none and is left out."""
     by_iteration = {rec.iteration: rec for rec in result.iterations}
     out = []
     for c in record.candidates:
+        if c.meta.stopped_early:
+            continue
         origin = by_iteration.get(c.meta.carried_from) if c.meta.carried_from is not None else None
         carried = next((o for o in origin.candidates if o.index == c.index), None) if origin else None
         out.append((origin.iteration, carried) if origin and carried else (record.iteration, c))

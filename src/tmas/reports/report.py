@@ -122,7 +122,8 @@ class RunEvaluation:
     problem_set: str = ""
     # Its problems with a reference answer: what its accuracies stand on once every problem has finished.
     labeled_problems: int = 0
-    # Candidates whose call failed (Pass@1 counts each as a wrong rollout; MV@all gives it no vote).
+    # Candidates whose call failed (Pass@1 counts each as a wrong rollout; MV@all gives it no vote); a sample stopped
+    # by online stopping is none (no rollout: the stopping summary counts it).
     failed_rollouts: int = 0
     # Where it loses its answers (None: not graded), from the records its grades were given on: a run still going
     # has finished more since, which no grade covers.
@@ -236,7 +237,12 @@ async def evaluate_run(
             model=setup.model,
             problems=len(problems),
             labeled_problems=sum(p.answer is not None for p in problems),
-            failed_rollouts=sum(c.error is not None for r in results for rec in r.iterations for c in rec.candidates),
+            failed_rollouts=sum(
+                c.error is not None and not c.meta.stopped_early
+                for r in results
+                for rec in r.iterations
+                for c in rec.candidates
+            ),
             done=sum(r.status == "done" for r in results),
             failed=sum(r.status != "done" and not r.in_progress for r in results),
             running=sum(r.in_progress for r in results),
@@ -475,7 +481,8 @@ def write_report(evaluations: list[RunEvaluation], out_dir: Path, *, paper_model
         Paragraph(
             "Pass@1 as in the TMAS paper (A.2): per problem the share of rollouts judged correct, "
             "averaged over problems, then over judge runs; a rollout without an answer, or whose call failed, counts "
-            "as wrong. Values in %. In each run's per-iteration table, Pass@1 "
+            "as wrong; a sample stopped while it streamed (online_stop, DeepConf) is no rollout and is left out. "
+            "Values in %. In each run's per-iteration table, Pass@1 "
             "std. error is its standard error across problems (as the frontier's band); MV@all is what plain majority "
             "vote over the iteration's candidates gives (for majority vote, over every sample drawn up to it, as the "
             "method votes), ties between answers split evenly: the frontier's MV@k at every sample; Selected is the "
@@ -932,7 +939,8 @@ def _analyses(doc: Document, e: RunEvaluation) -> None:
         if s.stopped_traces:
             parts.append(
                 f"{s.stopped_traces} samples stopped while streaming (online_stop), saving about"
-                f" {s.stopped_tokens_saved} completion tokens (each against its problem's warm-up samples' mean)"
+                f" {s.stopped_tokens_saved} completion tokens (each against its problem's warm-up samples' mean);"
+                " no rollouts, they are left out of Pass@1"
             )
         text = "; ".join(parts)
         if s.tokens_saved is not None and s.compared is not None:
