@@ -15,7 +15,8 @@ from tmas.errors import InputError
 from tmas.grading.grades import GradeConfig
 from tmas.grading.runs import grade_run
 from tmas.problems import DATASET_ALIASES, dataset_name, resolve_dataset
-from tmas.reports.report import build_report
+from tmas.reports.metrics import RunMetrics
+from tmas.reports.report import RunEvaluation, _calls_lines, build_report
 from tmas.store.run_store import RunStore
 from tmas.testing import Rule, ScriptedModel, SimScript, SimServer
 
@@ -143,6 +144,30 @@ def test_the_report_lists_retries_by_cause_and_where_the_calls_time_went(tmp_pat
     assert "attempts sent again: 2 (http_503 2)" in markdown
     assert "time to the first chunk (the server's queue and prefill): median" in markdown
     assert "time waiting inside tmas for a slot: median" in markdown
+
+
+def test_the_wait_times_median_and_p95_by_hand(tmp_path: Path) -> None:
+    # 20 first-chunk waits of 1..20 s: the median is the mean of the 10th and 11th, 10.5; p95 by nearest rank the
+    # ceil(0.95 x 20) = 19th, 19 (not the upper middle 11 and the 20th, the longest). Three queue waits: 2, and the
+    # ceil(2.85) = 3rd, 5.
+    e = RunEvaluation(
+        run_dir=tmp_path,
+        label="cot",
+        benchmark="b",
+        method="cot",
+        params={},
+        model=None,
+        problems=1,
+        done=1,
+        failed=0,
+        metrics=RunMetrics(),
+        grades=None,
+        waits={"first_token": [float(s) for s in range(20, 0, -1)], "queued": [5.0, 1.0, 2.0]},
+    )
+    assert _calls_lines(e) == [
+        "time to the first chunk (the server's queue and prefill): median 10.50 s, p95 19.00 s, longest 20.00 s",
+        "time waiting inside tmas for a slot: median 2.00 s, p95 5.00 s, longest 5.00 s",
+    ]
 
 
 async def test_the_report_says_where_each_run_lost_its_answers(tmp_path: Path) -> None:

@@ -11,7 +11,9 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
+import math
 import re
+import statistics
 from collections import Counter, defaultdict
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -796,7 +798,9 @@ def _calls_lines(e: RunEvaluation) -> list[str]:
     ):
         values = sorted(e.waits.get(key) or [])
         if values:
-            median, p95 = values[len(values) // 2], values[min(len(values) - 1, int(0.95 * len(values)))]
+            # The median (the mean of the middle two of an even count); p95 by nearest rank: the smallest value
+            # with at least 95% of the values at or below it, the ceil(0.95 n)-th.
+            median, p95 = statistics.median(values), values[math.ceil(0.95 * len(values)) - 1]
             lines.append(f"{label}: median {median:.2f} s, p95 {p95:.2f} s, longest {values[-1]:.2f} s")
     return lines
 
