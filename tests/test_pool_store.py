@@ -563,3 +563,52 @@ def test_a_mattrl_run_on_a_server_of_another_embedding_model_than_its_unnamed_po
         f"{pool_path}: pool built with embedding model 'endpoint:embed-a', "
         "but the embedding role now gets 'endpoint:embed-b'" in result.error
     )
+
+
+async def _build_nameless(pool_path: Path) -> None:
+    """A pool of one entry tagged as an endpoint's model that no reply named (a server that names none, or a pool
+    saved before tmas recorded the served model)."""
+
+    async def nameless(texts: list[str]) -> list[list[float]]:
+        return [[1.0, 2.0] for _ in texts]
+
+    pool = Pool.create(pool_path, "endpoint:default")
+    await pool.add([PoolEntry(id="e0", action="Split a factor", experience="17*23 is 17*20 + 17*3.")], nameless)
+    pool.save()
+
+
+def test_a_pool_of_a_model_no_reply_named_is_refused_for_a_named_embedding_model(tmp_path: Path) -> None:
+    # The pool's vectors may come from any model: searching them with a named model's query would mix two spaces.
+    pool_path = tmp_path / "pool"
+    asyncio.run(_build_nameless(pool_path))
+
+    def refusal(named: str) -> str:
+        return (
+            f"{pool_path}: pool built with an embedding model no reply named ('endpoint:default'), but the embedding"
+            f' role now gets {named!r}; if {named!r} built it, set "embedder" to {named!r} in'
+            f" {pool_path / 'meta.json'}, else build the pool again"
+        )
+
+    for named in ("endpoint:sim-model", LOCAL_NAME):
+        with pytest.raises(PoolError) as refused:
+            Pool.open(pool_path, named)
+        assert str(refused.value) == refusal(named)
+    # A run whose embedding role names its model is refused before its first problem: no embedding request is sent.
+    params = {"iterations": 1, "team_size": 2, "pool": str(pool_path), "top_k": 1}
+    with SimServer(SimScript()) as sim:
+        settings = settings_for(sim, method={"name": "mattrl", "params": params})
+        with pytest.raises(PoolError) as refused:
+            asyncio.run(asolve("What is 17*23?", settings, max_calls=None, max_completion_tokens=None))
+        assert not [r for r in sim.requests if r.endpoint == "embeddings"]
+    assert str(refused.value) == refusal("endpoint:sim-model")
+    # Another endpoint whose model no reply named may be the same one: the pool is still used.
+    assert Pool.open(pool_path, "endpoint:default").meta.embedder == "endpoint:default"
+
+
+async def test_an_empty_pool_of_a_model_no_reply_named_takes_the_named_one(tmp_path: Path) -> None:
+    # No vectors to mix: the first entries' embedder names the pool's model.
+    Pool.create(tmp_path / "pool", "endpoint:default")
+    embed, _ = embedder()
+    pool = Pool.open(tmp_path / "pool", embed.name)
+    await pool.add([ENTRIES[0].model_copy()], embed)
+    assert pool.meta.embedder == embed.name == "endpoint:sim-model"

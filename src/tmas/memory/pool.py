@@ -183,16 +183,23 @@ class Pool:
         cls._read_meta(path, _current(path)[META])
 
     def check_embedder(self, embedder_name: str) -> None:
-        """An error unless the pool was built with the embedding model ``embedder_name``. Where either is an endpoint's
-        model not known yet (:data:`UNNAMED`: its role names none), the first embedding's reply says (:meth:`_embed`);
-        a pool saved so before tmas recorded the served model is never known."""
-        if UNNAMED in (embedder_name, self.meta.embedder):
+        """An error unless the pool was built with the embedding model ``embedder_name``. Where that is an endpoint's
+        model not known yet (:data:`UNNAMED`: its role names none), the first embedding's reply says (:meth:`_embed`).
+        A pool of an endpoint's model no reply named (a server that names none, or a pool saved before tmas recorded
+        the served model) answers only to another such endpoint, or, while it holds no entries, takes the model its
+        first entries are embedded with."""
+        if embedder_name in (UNNAMED, self.meta.embedder) or (self.meta.embedder == UNNAMED and not self.entries):
             return
-        if embedder_name != self.meta.embedder:
+        if self.meta.embedder == UNNAMED:
             raise PoolError(
-                f"{self.path}: pool built with embedding model {self.meta.embedder!r}, "
-                f"but the embedding role now gets {embedder_name!r}"
+                f"{self.path}: pool built with an embedding model no reply named ({UNNAMED!r}), but the embedding role"
+                f' now gets {embedder_name!r}; if {embedder_name!r} built it, set "embedder" to {embedder_name!r}'
+                f" in {self.path / META}, else build the pool again"
             )
+        raise PoolError(
+            f"{self.path}: pool built with embedding model {self.meta.embedder!r}, "
+            f"but the embedding role now gets {embedder_name!r}"
+        )
 
     @staticmethod
     def _read_meta(path: Path, file: Path) -> PoolMeta:
