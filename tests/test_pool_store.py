@@ -189,6 +189,11 @@ def _lines(pool: Path, rows: list[int]) -> list[str]:
     return [lines[i] for i in rows]
 
 
+def _set_meta(pool: Path, **fields: object) -> None:
+    meta = json.loads((pool / "meta.json").read_text())
+    (pool / "meta.json").write_text(json.dumps({**meta, **fields}))
+
+
 def _damage_float(path: Path, index: int) -> None:
     data = bytearray(path.read_bytes())
     data[4 * index : 4 * index + 4] = struct.pack("<f", float("nan"))
@@ -207,6 +212,15 @@ def _damage_float(path: Path, index: int) -> None:
             "meta.json: corrupt pool metadata: 'embedder': Field required$",
         ),
         (lambda p: (p / "meta.json").unlink(), "no experience pool here"),
+        # A dimension below 1 is the metadata's fault, not the vectors' (an empty pool's too, whose vectors are none).
+        *[
+            (damage, "meta.json: corrupt pool metadata: 'dim': Input should be greater than or equal to 1$")
+            for damage in (
+                lambda p: _set_meta(p, dim=0),
+                lambda p: _set_meta(p, dim=-256),
+                lambda p: (p / "entries.jsonl").write_text("") or _set_meta(p, count=0, dim=-1),
+            )
+        ],
         (lambda p: (p / "vectors.f32").write_bytes(b"\0" * 12), r"vectors.f32: 3 floats, expected 3 x 256"),
         (
             lambda p: (p / "entries.jsonl").write_text('{"id": 1}\n'),
@@ -245,6 +259,21 @@ async def test_corrupt_pool_files_are_one_line_errors_naming_the_file(
     with pytest.raises(PoolError, match=message) as info:
         Pool.open(tmp_path / "pool")
     assert "\n" not in str(info.value) and str(tmp_path / "pool") in str(info.value)
+
+
+async def test_embeddings_of_no_dimension_are_refused_before_the_pool_takes_them(tmp_path: Path) -> None:
+    # Saved, they would make a pool whose metadata no later open reads (dimension 0).
+    async def empty(texts: object) -> list[list[float]]:
+        return [[]]
+
+    pool = Pool.create(tmp_path / "pool", "endpoint:hand-made")
+    with pytest.raises(PoolError) as refused:
+        await pool.add([ENTRIES[0].model_copy()], empty)
+    assert str(refused.value) == (
+        f"{tmp_path / 'pool'}: embeddings of the entries must be a finite matrix of at least one column, got shape"
+        " (1, 0)"
+    )
+    assert not pool.entries and pool.meta.dim is None
 
 
 class _Killed(BaseException):

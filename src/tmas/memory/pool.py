@@ -64,7 +64,7 @@ class PoolMeta(BaseModel):
     format: str = FORMAT
     version: int = 0
     embedder: str
-    dim: int | None = None
+    dim: int | None = Field(default=None, ge=1)  # None until the first entries are embedded
     count: int = 0
     # Ids of entries removed (by a prune), oldest first; an entry added again under its id leaves the list.
     removed: list[str] = Field(default_factory=list)
@@ -119,8 +119,8 @@ def _stamp(path: Path) -> tuple[tuple[Path, ...], bytes | None]:
 def normalized(vectors: Sequence[Sequence[float]] | np.ndarray, where: str) -> np.ndarray:
     """``vectors`` as a float32 matrix with unit rows (A.7: u_i = E(k_i) / ||E(k_i)||_2); zero rows stay zero."""
     matrix = np.asarray(vectors, dtype=np.float32)
-    if matrix.ndim != 2 or not np.isfinite(matrix).all():
-        raise PoolError(f"{where}: embeddings must be a finite matrix, got shape {matrix.shape}")
+    if matrix.ndim != 2 or not matrix.shape[1] or not np.isfinite(matrix).all():
+        raise PoolError(f"{where} must be a finite matrix of at least one column, got shape {matrix.shape}")
     norms = np.linalg.norm(matrix, axis=1, keepdims=True)
     return np.asarray(matrix / np.where(norms == 0.0, 1.0, norms), dtype=np.float32)
 
