@@ -641,3 +641,23 @@ async def test_an_empty_pool_of_a_model_no_reply_named_takes_the_named_one(tmp_p
     pool = Pool.open(tmp_path / "pool", embed.name)
     await pool.add([ENTRIES[0].model_copy()], embed)
     assert pool.meta.embedder == embed.name == "endpoint:sim-model"
+
+
+async def test_an_embedder_of_another_named_model_is_refused_before_its_request(tmp_path: Path) -> None:
+    # The embedder names its model before it is asked: a pool another model built sends nothing to learn it.
+    async def hand_made(texts: list[str]) -> list[list[float]]:
+        return [[1.0, 2.0] for _ in texts]
+
+    pool = Pool.create(tmp_path / "pool", "endpoint:embed-a")
+    await pool.add([ENTRIES[0].model_copy()], hand_made)
+    refusal = f"{tmp_path / 'pool'}: pool built with embedding model 'endpoint:embed-a', but the embedding role now"
+    with SimServer(SimScript()) as sim:
+        async with LLMClient(settings_for(sim)) as llm:
+            other = EndpointEmbedder(llm)
+            with pytest.raises(PoolError) as searched:
+                await pool.search("x", 1, other)
+            with pytest.raises(PoolError) as added:
+                await pool.add([ENTRIES[1].model_copy()], other)
+        assert sim.requests == []
+    assert str(searched.value) == str(added.value) == f"{refusal} gets 'endpoint:sim-model'"
+    assert [e.id for e in pool.entries] == ["parity"]

@@ -386,12 +386,11 @@ class Pool:
             self.entries[i] = entry
 
     async def _embed(self, texts: list[str], embed: EmbedFn, what: str) -> np.ndarray:
+        # The model the embedder names before it is asked (an endpoint's role that names none: not known yet, so
+        # nothing refused), then the one its reply named.
+        self._take_embedder(embed)
         raw = await embed(texts)
-        served = getattr(embed, "name", None)
-        if isinstance(served, str) and self.meta.embedder == UNNAMED and not self.entries:
-            self.meta.embedder = served  # a new pool's model, as its first embedding's reply named it
-        elif isinstance(served, str):
-            self.check_embedder(served)
+        self._take_embedder(embed)
         vectors = normalized(raw, f"{self.path}: embeddings of the {what}")
         if len(vectors) != len(texts):
             raise PoolError(f"{self.path}: the embedder gave {len(vectors)} vectors for {len(texts)} {what}")
@@ -404,6 +403,15 @@ class Pool:
                 f"{self.meta.dim}: is another embedding model configured?"
             )
         return vectors
+
+    def _take_embedder(self, embed: EmbedFn) -> None:
+        """An error unless ``embed``'s model (its ``name``, where it has one) is the pool's; a new pool's model where
+        no reply named it yet."""
+        name = getattr(embed, "name", None)
+        if isinstance(name, str) and self.meta.embedder == UNNAMED and not self.entries:
+            self.meta.embedder = name
+        elif isinstance(name, str):
+            self.check_embedder(name)
 
 
 def pool_summary(pool: Pool) -> dict[str, Any]:
