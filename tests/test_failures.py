@@ -177,6 +177,36 @@ def test_other_refusals_keep_their_status_cause() -> None:
     assert failures.from_status(404, _vllm("The model `x` does not exist."), {}).cause == "http_404"
 
 
+@pytest.mark.parametrize(
+    ("cause", "refuses", "lasts"),
+    [
+        ("context", True, False),  # a prompt past the window: this request's, not the next one's
+        ("sampling", True, False),
+        ("http_400", True, False),
+        ("http_413", True, False),
+        ("http_422", True, False),
+        ("http_401", False, True),  # a key refused: every request, until the operator fixes it
+        ("http_404", False, True),
+        ("quota", False, True),
+        ("tls", False, True),
+        ("structured_output", False, True),  # refused where the endpoint's configuration requires it
+        ("stream", False, True),
+        ("http_429", False, False),  # a busy or broken upstream: a later try may succeed
+        ("http_503", False, False),
+        ("running_timeout", False, False),
+        ("engine_fault", False, False),
+        ("stream_error", False, False),
+        ("timeout", False, False),
+        ("connect", False, False),
+        ("malformed", False, False),
+    ],
+)
+def test_a_failures_cause_says_whether_the_request_or_the_upstream_is_at_fault(
+    cause: str, refuses: bool, lasts: bool
+) -> None:
+    assert (failures.refuses_request(cause), failures.lasting(cause)) == (refuses, lasts)
+
+
 @pytest.mark.parametrize("status", [429, 500, 502, 503, 504])
 def test_busy_and_broken_servers_are_retried_with_their_retry_after(status: int) -> None:
     failure = failures.from_status(status, _vllm("busy"), {}, retry_after="7")

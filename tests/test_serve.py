@@ -225,6 +225,50 @@ def test_an_upstream_refusing_every_call_is_a_424_no_client_retries(sim: SimServ
     assert len(sim.chat_bodies("solution")) == 1
 
 
+@pytest.mark.parametrize("persona", ["vllm", "sglang"])
+def test_a_refusal_in_the_upstreams_stream_is_a_400_as_its_status_would_be(
+    sim: SimServer, proxy: ProxyThread, tmp_path: Path, persona: str
+) -> None:
+    # vLLM sends a stream's headers at once, so a request its engine refuses meets the refusal as an error event with
+    # code 400 (in each server's shape), not as the reply's status: the request is refused all the same.
+    refusal = "invalid value for 'reasoning_effort': must be one of low, medium, high"
+    rule = Rule(role="solution", fault="stream_error", error_status=400, fault_after_tokens=0, error_message=refusal)
+    sim.set_script(SimScript(persona=persona, rules=[rule]))
+    question = [{"role": "user", "content": "What is 1+1?"}]
+    api = openai.OpenAI(base_url=f"{proxy.url}/v1", api_key="unused", timeout=30)
+    with pytest.raises(openai.BadRequestError) as caught:
+        api.chat.completions.create(model="cot/sim-model", messages=question)  # type: ignore[arg-type]
+    assert caught.value.code == "upstream_refused" and refusal in caught.value.message
+    assert "send the request again" not in caught.value.message
+    # Asked once by the SDK, which retries no 400; the refused run is done with: the same request is a new run.
+    assert len(sim.chat_bodies("solution")) == 1
+    sim.set_script(SimScript(persona=persona))
+    assert api.chat.completions.create(model="cot/sim-model", messages=question).choices[0].message.content  # type: ignore[arg-type]
+    assert len(runs_in(tmp_path / "served")) == 2
+
+
+def test_an_upstream_failure_is_told_by_its_status_not_by_the_words_it_quotes(
+    sim: SimServer, proxy: ProxyThread
+) -> None:
+    # A gateway's 503 that quotes another status in its message: the upstream failed for a while, it refused nothing.
+    words = "upstream replica answered HTTP 400 to the health probe; try again later"
+    sim.set_script(SimScript(persona="vllm", rules=[Rule(role="solution", error_status=503, error_message=words)]))
+    with pytest.raises(openai.APIStatusError) as caught:
+        client(proxy).chat.completions.create(
+            model="cot/sim-model", messages=[{"role": "user", "content": "What is 1+1?"}]
+        )
+    assert caught.value.status_code == 502 and caught.value.code == "upstream_error"
+    assert "send the request again to resume its run" in caught.value.message
+    # A key the upstream no longer accepts, whatever its message says: the operator's to fix.
+    words = "HTTP 400: the key given is revoked"
+    sim.set_script(SimScript(persona="sglang", rules=[Rule(role="solution", error_status=401, error_message=words)]))
+    with pytest.raises(openai.APIStatusError) as caught:
+        client(proxy).chat.completions.create(
+            model="cot/sim-model", messages=[{"role": "user", "content": "What is 2+2?"}]
+        )
+    assert caught.value.status_code == 424 and caught.value.code == "upstream_unusable"
+
+
 def test_a_stream_not_asked_for_usage_has_a_choice_in_every_chunk(sim: SimServer, proxy: ProxyThread) -> None:
     question = [{"role": "user", "content": "What is 12*12?"}]
     stream = client(proxy).chat.completions.create(model="cot/sim-model", messages=question, stream=True)

@@ -198,13 +198,24 @@ def from_status(
 
 def lasting(cause: str) -> bool:
     """Whether a failure of ``cause`` stays until the upstream or its configuration is fixed, however often a call is
-    sent: a TLS handshake refused (``tls``), the account's quota spent (``quota``), a 4xx status not worth sending
-    again (a key refused, a model or route the upstream does not serve). Not a refusal of what one request asks (400,
-    413, 422: a prompt past the context window), which another request need not meet."""
-    if cause in ("tls", "quota"):
+    sent: a TLS handshake refused (``tls``), the account's quota spent (``quota``), streaming or a response_format
+    refused where the endpoint's configuration requires it (``stream``, ``structured_output``: the client adapts
+    otherwise), a 4xx status not worth sending again (a key refused, a model or route the upstream does not serve).
+    Not a refusal of what one request asks (:func:`refuses_request`), which another request need not meet."""
+    if cause in ("tls", "quota", "stream", "structured_output"):
         return True
     status = cause.removeprefix("http_")
-    return status.isdigit() and 400 <= int(status) < 500 and int(status) not in RETRYABLE_STATUS | {400, 413, 422}
+    if refuses_request(cause) or not status.isdigit():
+        return False
+    return 400 <= int(status) < 500 and int(status) not in RETRYABLE_STATUS
+
+
+def refuses_request(cause: str) -> bool:
+    """Whether a failure of ``cause`` refuses what the request asks, as a status or as an error event in a stream
+    (:func:`from_stream_event`): a prompt past the context window (``context``, the client's own check included), a
+    sampling field or value the server does not take (``sampling``), another 400, 413 or 422. The same request sent
+    again is refused again; another request need not be."""
+    return cause in ("context", "sampling", "http_400", "http_413", "http_422")
 
 
 def from_stream_event(error: Any, *, began: bool = False, body: dict[str, Any] | None = None) -> Failure:

@@ -23,7 +23,7 @@ from typing import Any
 
 from tmas.config import Settings
 from tmas.errors import ConfigError, InputError, TmasError
-from tmas.llm.failures import lasting
+from tmas.llm.failures import lasting, refuses_request
 from tmas.llm.model import ChatModel
 from tmas.llm.sampling import with_sampling
 from tmas.llm.types import Completion
@@ -69,6 +69,9 @@ class Job:
     # The task of the cancelled run this one resumes, waited for before this one starts.
     before: asyncio.Task[ProblemResult] | None = None
     events: list[Progress] = field(default_factory=list)
+    # The calls its ended run was left with failed (never asked again), by cause (tmas.llm.failures): how a run whose
+    # method failed is answered, and whether the same request resumes it.
+    failed: dict[str, int] = field(default_factory=dict)
     _followers: list[asyncio.Queue[Progress | None]] = field(default_factory=list)
 
     def publish(self, event: Progress) -> None:
@@ -119,34 +122,28 @@ class Job:
         result = self.task.result()
         if result.status != "done":
             error = result.error or "no answer"
-            if REFUSED.search(error):
+            if self.failed and all(refuses_request(cause) for cause in self.failed):
                 # The upstream refused what the request asks (a prompt past its context window): a request sent
                 # again is refused again, so no client should retry it as it retries a 502.
                 raise ApiError(400, f"the upstream refused the request: {for_client(error)}", "upstream_refused")
-            status = _STATUS.search(error)
-            if status is not None and lasting(f"http_{status.group(1)}"):
+            if self.failed and all(lasting(cause) or refuses_request(cause) for cause in self.failed):
                 # The upstream refuses every call so (a key refused, a model it does not serve): the operator's to fix.
                 raise ApiError(424, f"the method failed: {for_client(error)}; {UNUSABLE}", "upstream_unusable")
-            again = "; send the request again to resume its run" if resumable(result) else ""
+            again = "; send the request again to resume its run" if resumable(result, self.failed) else ""
             raise ApiError(502, f"the method failed: {for_client(error)}{again}", "upstream_error")
         return result
 
 
-def resumable(result: ProblemResult) -> bool:
-    """Whether a run that ended with ``result`` is resumed by the same request sent again: its method failed with
-    calls that failed after their retries (an upstream that failed for a while), so the retry replays the answered
-    calls and asks only the failed ones (and what waits on them), as ``tmas run --resume`` does. A method that failed
-    on what the upstream answered would replay into the same failure, and a refused request is refused again: the
-    same request is then a new run."""
-    refused = REFUSED.search(result.error or "") is not None
-    return result.status != "done" and result.failed_calls > 0 and not refused
+def resumable(result: ProblemResult, failed: dict[str, int]) -> bool:
+    """Whether a run that ended with ``result``, its calls left ``failed`` by cause, is resumed by the same request
+    sent again: its method failed with calls that failed after their retries (an upstream that failed for a while),
+    so the retry replays the answered calls and asks only the failed ones (and what waits on them), as ``tmas run
+    --resume`` does. A method that failed on what the upstream answered would replay into the same failure, and a
+    request whose every failed call was refused for what it asks is refused again: the same request is then a new
+    run."""
+    return result.status != "done" and bool(failed) and not all(refuses_request(cause) for cause in failed)
 
 
-# A request the upstream cannot serve as asked, in a failure's message: the upstream's refusal
-# (tmas.llm.failures), or a prompt the client found past the known context window (tmas.llm.refusals).
-REFUSED = re.compile(r"\bHTTP (400|413|422)\b|does not fit the context window")
-# The status of an upstream's refusal in a failure's message (tmas.llm.failures.from_status).
-_STATUS = re.compile(r"\bHTTP (\d{3})\b")
 # What a client is told of an upstream no request can be served by until the server's operator fixes it: a retry
 # meets the same failure, so it is answered 424 (Failed Dependency), which clients do not retry as they retry a 5xx.
 UNUSABLE = (
@@ -471,6 +468,7 @@ class ServedRuns:
             # An in-process model is the settings' own, opened once here: each run is as one that opens it.
             await run_problems(settings, problems, store, model=self.model, own_model=False)
             result = store.result(problems[0].problem_id)
+            job.failed = store.call_causes()["failed"]
         finally:
             self._close_later(store)
         if result is None:
@@ -501,7 +499,7 @@ class ServedRuns:
         task = job.task
         if task is None or not task.done() or task.cancelled() or task.exception() is not None:
             return  # no result to have: the run stays resumable
-        if resumable(task.result()):
+        if resumable(task.result(), job.failed):
             return
         (job.run_dir / PENDING).unlink(missing_ok=True)
         if self.unfinished.get(job.fingerprint) == job.run_dir:
