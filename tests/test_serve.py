@@ -824,6 +824,31 @@ def test_an_upstream_whose_tls_handshake_fails_is_a_424_no_client_retries(sim: S
     assert sim.chat_bodies("solution") == []
 
 
+def test_a_method_whose_role_has_no_api_key_is_a_424_naming_the_role_before_any_run(
+    sim: SimServer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delenv("TMAS_SERVE_TEST_VERIFIER_KEY", raising=False)
+    settings = settings_for(sim, roles__verifier__api_key_env="TMAS_SERVE_TEST_VERIFIER_KEY")
+    question = [{"role": "user", "content": "What is 1+1?"}]
+    with ProxyThread(settings, ServeOptions(serve_dir=tmp_path / "served")) as proxy:
+        api = openai.OpenAI(base_url=f"{proxy.url}/v1", api_key="unused", timeout=30)
+        for stream in (False, True):
+            with pytest.raises(openai.APIStatusError) as caught:
+                api.chat.completions.create(
+                    model="verify_refine/sim-model",
+                    messages=question,  # type: ignore[arg-type]
+                    stream=stream,
+                    extra_body={"tmas": {"iterations": 1}},
+                )
+            assert caught.value.status_code == 424 and caught.value.code == "upstream_unusable"
+            message = caught.value.message
+            assert "role 'verifier' of method 'verify_refine' has no API key" in message
+            assert "roles.verifier.api_key_env = 'TMAS_SERVE_TEST_VERIFIER_KEY'" in message and "is not set" in message
+        # Refused before a slot, a run directory or a call; a method without that role is served.
+        assert runs_in(tmp_path / "served") == [] and sim.chat_bodies("solution") == []
+        assert api.chat.completions.create(model="cot/sim-model", messages=question).choices[0].message.content  # type: ignore[arg-type]
+
+
 @pytest.mark.slow
 def test_stopping_the_server_answers_503_and_keeps_the_run_resumable(sim: SimServer, tmp_path: Path) -> None:
     sim.set_script(SimScript(rules=[Rule(role="verifier", latency_s=30.0)]))

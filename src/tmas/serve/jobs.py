@@ -16,7 +16,7 @@ import logging
 import re
 import secrets
 import time
-from collections.abc import Callable, Coroutine
+from collections.abc import Callable, Coroutine, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -25,6 +25,7 @@ from tmas.config import Settings
 from tmas.errors import ConfigError, InputError, TmasError
 from tmas.llm.failures import lasting, refuses_request
 from tmas.llm.model import ChatModel
+from tmas.llm.routes import key_problem
 from tmas.llm.sampling import with_sampling
 from tmas.llm.types import Completion
 from tmas.methods import METHODS, check_given_params, create_method, question_params
@@ -150,6 +151,8 @@ UNUSABLE = (
     "the upstream cannot serve this server's requests until the server's operator fixes it (its log says what"
     " failed); sent again before that, the request fails the same way"
 )
+# What a client is told of a role without an API key (ServedRuns._check_keys).
+MISSING_KEY = "sent again before the server's operator sets it, the request fails the same way"
 _URL = re.compile(r"https?://[^\s;,'\"()]*[^\s;,'\"():.]")
 
 
@@ -403,10 +406,25 @@ class ServedRuns:
             # Bad parameters, a run past the cost cap and a folder they name that cannot be read (MATTRL's pool) are
             # the client's error, found before anything runs.
             check_request_cost(method, params, self.settings, self.max_request_calls)
-            create_method(method, params, embedded=self.embedded).check_setup()
+            built = create_method(method, params, embedded=self.embedded)
+            built.check_setup()
         except (ConfigError, InputError) as exc:
             raise ApiError(400, str(exc), "invalid_value", "tmas") from None
+        self._check_keys(method, built.traits.roles)
         return params
+
+    def _check_keys(self, method: str, roles: Iterable[str]) -> None:
+        """A 424 where a role ``method`` calls has no API key to send (its ``api_key_env`` names a variable unset or
+        empty): the server's own configuration, which no request can change; `tmas serve` checks at start only the
+        configured method's roles."""
+        if self.settings.uses_in_process_model:
+            return  # a model run in process takes no key
+        for role in roles:
+            problem = key_problem(self.settings, role, lambda _: "the server's settings")
+            if problem is not None:
+                log.warning("a request for method %s refused: role %s has no API key (%s)", method, role, problem)
+                message = f"role {role!r} of method {method!r} has no API key on this server ({problem}); {MISSING_KEY}"
+                raise ApiError(424, message, "upstream_unusable", "model")
 
     def _start(
         self,
