@@ -210,6 +210,38 @@ def test_fields_a_methods_reply_cannot_carry_are_refused_by_name(sim: SimServer,
     assert len(sim.chat_bodies()) == 1
 
 
+def test_a_field_tmas_serve_does_not_know_is_refused_by_name_not_dropped(sim: SimServer, tmp_path: Path) -> None:
+    with ProxyThread(settings_for(sim), ServeOptions(serve_dir=tmp_path / "served")) as proxy:
+        api = openai.OpenAI(base_url=f"{proxy.url}/v1", api_key="unused", max_retries=0, timeout=30)
+        # vLLM's own fields that no method's call is sent: served without them, the request would not be as asked.
+        for fields, named in [
+            ({"truncate_prompt_tokens": 512}, "truncate_prompt_tokens is"),
+            ({"truncate_prompt_tokens": 512, "length_penalty": 0.8}, "length_penalty, truncate_prompt_tokens are"),
+        ]:
+            with pytest.raises(openai.BadRequestError) as caught:
+                api.chat.completions.create(model="cot/sim-model", messages=QUESTION, extra_body=fields)
+            assert caught.value.code == "unsupported_parameter" and caught.value.param == min(fields)
+            assert f"- {named} not supported by tmas serve: " in caught.value.message
+        assert sim.chat_bodies() == [] and not any((tmp_path / "served").iterdir())
+        # What the official client sends that shapes no reply is served, as is any field sent as null.
+        reply = api.chat.completions.create(
+            model="cot/sim-model",
+            messages=QUESTION,
+            user="someone",
+            metadata={"job": "eval"},
+            store=False,
+            service_tier="auto",
+            parallel_tool_calls=False,
+            prompt_cache_key="k",
+            safety_identifier="h",
+            stream=True,
+            stream_options={"include_usage": True},
+            extra_body={"truncate_prompt_tokens": None},
+        )
+        assert "\\boxed{391}" in "".join(c.choices[0].delta.content or "" for c in reply if c.choices)
+    assert len(sim.chat_bodies()) == 1
+
+
 def test_reasoning_effort_and_verbosity_reach_every_upstream_call(sim: SimServer, tmp_path: Path) -> None:
     for policy in ("defaults", "ignore"):
         with ProxyThread(settings_for(sim), ServeOptions(serve_dir=tmp_path / policy, client_sampling=policy)) as proxy:

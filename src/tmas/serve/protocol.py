@@ -10,7 +10,7 @@ from __future__ import annotations
 import hashlib
 import json
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, field_validator
@@ -151,6 +151,38 @@ def refused_field(data: dict[str, Any]) -> ApiError | None:
     return None
 
 
+# OpenAI's request fields that shape no reply (who asks, where the exchange is kept or billed, how a prompt cache is
+# keyed, whether tools, which are refused, would run in parallel), and vLLM's request id: accepted, left unused.
+IGNORED_FIELDS = frozenset(
+    {
+        "user",
+        "metadata",
+        "store",
+        "service_tier",
+        "parallel_tool_calls",
+        "prompt_cache_key",
+        "prompt_cache_retention",
+        "safety_identifier",
+        "request_id",
+    }
+)
+
+
+def unknown_fields(data: dict[str, Any], known: Iterable[str]) -> ApiError | None:
+    """The 400 naming the fields of a request body that the proxy neither reads (``known``) nor refuses by name nor
+    ignores (:data:`IGNORED_FIELDS`), as OpenAI refuses an unrecognized argument; None if none. Such a field would
+    reach no upstream call (vLLM's ``truncate_prompt_tokens``, ``length_penalty``, ...): served without it, the
+    request would not be served as asked. One sent as null asks nothing."""
+    read = {*known, *REFUSED_FIELDS, *IGNORED_FIELDS}
+    names = sorted(name for name, value in data.items() if value is not None and name not in read)
+    if not names:
+        return None
+    one = len(names) == 1
+    said = f"{', '.join(names)} {'is' if one else 'are'} not supported by tmas serve"
+    why = f"a field it does not know reaches no method's call, so {'it' if one else 'they'} would change nothing"
+    return ApiError(400, f"{said}: {why}; leave {'it' if one else 'them'} out", "unsupported_parameter", names[0])
+
+
 # The request's fields sent as they are with every upstream call of its run, under either --client-sampling.
 PASSED_ON = ("reasoning_effort", "verbosity")
 # The request's sampling fields that become every upstream call's defaults under the same name (max_tokens aside).
@@ -158,9 +190,11 @@ DEFAULT_FIELDS = ("temperature", "top_p", "top_k", "min_p", "repetition_penalty"
 
 
 class ChatBody(BaseModel):
-    """A ``/v1/chat/completions`` body. Fields the proxy does not use are ignored, but those asking what a method's
-    reply cannot carry (``REFUSED_FIELDS``) are refused."""
+    """A ``/v1/chat/completions`` body. A field asking what a method's reply cannot carry (``REFUSED_FIELDS``) is
+    refused, and so is a field the proxy does not know (:func:`unknown_fields`), but for OpenAI's that shape no reply
+    (``IGNORED_FIELDS``), which are left unused."""
 
+    # Unknown fields are refused by :meth:`read`, held as :attr:`refusal` (a stored run's retry still resumes).
     model_config = ConfigDict(extra="ignore")
 
     model: str
@@ -195,8 +229,9 @@ class ChatBody(BaseModel):
     include_reasoning: bool | None = None
     # Method parameters (extra_body={"tmas": {...}}), validated by the method's own model.
     tmas: dict[str, Any] = Field(default_factory=dict)
-    # The 400 for a field the body asks that a method's reply cannot carry (REFUSED_FIELDS), held by :meth:`read`
-    # for the proxy to answer with unless the request's run is stored already (made before the field was refused).
+    # The 400 for a field the body asks that a method's reply cannot carry (REFUSED_FIELDS), or that the proxy does
+    # not know, held by :meth:`read` for the proxy to answer with unless the request's run is stored already (made
+    # before the field was refused).
     _refusal: ApiError | None = PrivateAttr(default=None)
 
     @field_validator("stream", mode="before")
@@ -264,7 +299,7 @@ class ChatBody(BaseModel):
             raise ApiError(
                 400, "only n=1 is supported (a method already samples many candidates)", "invalid_value", "n"
             )
-        body._refusal = refused_field(data)
+        body._refusal = refused_field(data) or unknown_fields(data, cls.model_fields)
         return body
 
     def stop_sequences(self) -> list[str]:
