@@ -557,6 +557,35 @@ def test_models_takes_model_and_says_whether_it_is_served(sim: SimServer) -> Non
     assert f"default: {sim.base_url} answers but DOES NOT SERVE 'other'; models: sim-model" in missing.stdout
 
 
+def test_models_lists_an_endpoint_once_for_the_roles_that_share_its_url_and_key(sim: SimServer, tmp_path: Path) -> None:
+    # Before, each role with its own base_url was asked and listed on a line of its own, the same URL and key as the
+    # default's among them. Another key on the same URL may see other models, so it keeps its own line.
+    config = tmp_path / "tmas.toml"
+    config.write_text(
+        f'[endpoint]\nbase_url = "{sim.base_url}"\n'
+        f'[roles.judge]\nbase_url = "{sim.base_url}"\n'
+        f'[roles.verifier]\nbase_url = "{sim.base_url}"\napi_key_env = "TMAS_TEST_KEY"\n'
+        f'[roles.summarizer]\nbase_url = "{sim.base_url}"\napi_key_env = "TMAS_TEST_SAME_KEY"\n'
+    )
+    env = {"TMAS_TEST_KEY": "k2", "TMAS_TEST_SAME_KEY": "k2"}
+    out = run_tmas("models", "--config", str(config), text=True, env=env)
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert out.stdout.splitlines() == [
+        f"default, judge: {sim.base_url} ok, models: sim-model",
+        f"verifier, summarizer: {sim.base_url} ok, models: sim-model",
+    ]
+    # The models its roles name are each checked against the one list.
+    config.write_text(
+        f'[endpoint]\nbase_url = "{sim.base_url}"\nmodel = "sim-model"\n'
+        f'[roles.judge]\nbase_url = "{sim.base_url}"\nmodel = "judge-model"\n'
+    )
+    out = run_tmas("models", "--config", str(config), text=True)
+    assert out.returncode == 1
+    assert out.stdout.splitlines() == [
+        f"default, judge: {sim.base_url} answers but DOES NOT SERVE 'judge-model'; models: sim-model"
+    ]
+
+
 def test_models_counts_the_aliases_llama_server_lists_as_served(tmp_path: Path) -> None:
     # llama-server started with --alias lists it in its card's aliases and answers calls naming it: before, 'tmas
     # models --model ALIAS' said it DOES NOT SERVE it, and exited 1.

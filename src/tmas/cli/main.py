@@ -470,7 +470,8 @@ def models(
 
     chosen = ModelFlags(config=config, base_url=base_url, model=model, api_key_env=api_key_env, hf_model=hf_model)
     settings = chosen.settings()
-    targets: list[tuple[str, str, str | None, str | None]] = []
+    # One probe and one line per (URL, key), naming the roles it serves: another key may see other models there.
+    targets: dict[tuple[str, str | None], tuple[list[str], list[str | None]]] = {}
     unkeyed = False
     if settings.uses_local_model:
         from tmas.llm.local_command import describe
@@ -496,31 +497,37 @@ def models(
             typer.echo(f"{role}: NOT CHECKED: {problem}")
             unkeyed = True
             continue
-        targets.extend((role, url, os.environ.get(key_env) if key_env else None, wanted) for url in urls)
+        key = os.environ.get(key_env) if key_env else None
+        for url in urls:
+            roles, wants = targets.setdefault((url, key), ([], []))
+            roles.append(role)
+            wants.append(wanted)
 
     async def probe() -> bool:
         healthy = True
-        for role, url, key, wanted in targets:
-            own = None if role == "default" else role  # a role listed has its own base_url
+        for (url, key), (roles, wants) in targets.items():
+            label = ", ".join(roles)
+            own = None if roles[0] == "default" else roles[0]  # a role listed has its own base_url
             try:
                 ids = await list_models(url, key)
             except NoConnection as exc:
                 # Said as the check before a run says it (tmas.llm.preflight).
-                typer.echo(f"{role}: {url} NOT ANSWERING: cannot connect: {exc}; {unreachable_fix(own)}")
+                typer.echo(f"{label}: {url} NOT ANSWERING: cannot connect: {exc}; {unreachable_fix(own)}")
                 healthy = False
                 continue
             except TmasError as exc:
                 # A 404 from a server that answers under another path: which base URL to give.
                 fix = await base_url_fix(url, key, own) if str(exc).startswith("HTTP 404") else None
-                typer.echo(f"{role}: {url} NOT ANSWERING: {exc}" + (f"; {fix}" if fix else ""))
+                typer.echo(f"{label}: {url} NOT ANSWERING: {exc}" + (f"; {fix}" if fix else ""))
                 healthy = False
                 continue
             listed = ", ".join(ids) or "(none listed)"
-            if wanted is not None and ids and wanted not in ids:
-                typer.echo(f"{role}: {url} answers but DOES NOT SERVE {wanted!r}; models: {listed}")
+            missing = [repr(w) for w in dict.fromkeys(wants) if w is not None and ids and w not in ids]
+            if missing:
+                typer.echo(f"{label}: {url} answers but DOES NOT SERVE {', '.join(missing)}; models: {listed}")
                 healthy = False
             else:
-                typer.echo(f"{role}: {url} ok, models: {listed}")
+                typer.echo(f"{label}: {url} ok, models: {listed}")
         return healthy
 
     if not interrupt.run(probe(), keeps=False) or unkeyed:
