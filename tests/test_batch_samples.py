@@ -10,9 +10,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from typer.testing import CliRunner
 
 from conftest import eventually, settings_for
 from tmas.api import aresume, asolve
+from tmas.cli.main import app
 from tmas.config import Sampling, Settings, load_settings
 from tmas.errors import ConfigError, LLMError
 from tmas.llm.batching import (
@@ -765,3 +767,43 @@ def test_batch_samples_on_with_the_embedded_llama_server_is_refused(tmp_path: Pa
     # A role served at its own URL is not the embedded server's.
     config.write_text('[roles.verification]\nbase_url = "http://127.0.0.1:9/v1"\nbatch_samples = "on"\n')
     assert load_settings(config, environ={}).roles["verification"].batch_samples == "on"
+
+
+def test_a_run_stored_with_batch_samples_on_beside_pinned_slots_is_refused_on_resume(
+    sim: SimServer, tmp_path: Path
+) -> None:
+    # Stored so (as the Python API takes a Settings object unchecked, or a tmas before the check), it would go on
+    # with the "on" ignored without a word: resumed, it is refused in the line a new run's settings get.
+    run_dir = tmp_path / "run"
+    settings = majority(sim, 2, endpoint__batch_samples="on", endpoint__pin_slots=True, endpoint__max_in_flight=1)
+    asyncio.run(asolve(Q, settings, run_dir=run_dir))
+    sent = len(sim.chat_bodies("solution"))
+    line = (
+        f'{run_dir} (its stored settings): endpoint.pin_slots = true and endpoint.batch_samples = "on" never go'
+        " together (a pinned slot takes one call at a time, each sample its own request): set batch_samples to"
+        ' "auto" or "off"'
+    )
+    # Resumed with a sample more to ask.
+    out = CliRunner().invoke(app, ["run", "--resume", str(run_dir), "-p", "k=3", "-y"])
+    assert isinstance(out.exception, ConfigError), out.output
+    assert str(out.exception) == line
+    with pytest.raises(ConfigError) as refused:
+        asyncio.run(aresume(run_dir, params={"k": 3}))
+    assert str(refused.value) == line
+    assert len(sim.chat_bodies("solution")) == sent
+
+
+async def test_a_resume_onto_the_embedded_llama_server_refuses_a_stored_batch_samples_on(
+    sim: SimServer, tmp_path: Path
+) -> None:
+    # The run batched at its endpoint; a flag given now moves it to the embedded llama-server, which pins every
+    # problem's calls to a slot.
+    run_dir = tmp_path / "run"
+    await asolve(Q, majority(sim, 2, endpoint__batch_samples="on"), run_dir=run_dir)
+    with pytest.raises(ConfigError) as refused:
+        await aresume(run_dir, overrides={"local.model": "smollm2-135m"}, params={"k": 3})
+    assert str(refused.value) == (
+        f'{run_dir} (its stored settings): endpoint.batch_samples = "on" with the embedded llama-server, which pins'
+        " each problem's calls to a slot (one call at a time, each sample its own request): set batch_samples to"
+        ' "auto" or "off"'
+    )

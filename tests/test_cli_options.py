@@ -245,7 +245,9 @@ def test_resume_settings_put_the_flags_over_the_stored_ones_and_read_no_environm
 
     stored = Settings.model_validate({"sampling": {"temperature": 0.25, "top_p": 0.9}, "method": {"name": "cot"}})
     monkeypatch.setenv("TMAS_TOP_P", "0.5")
-    merged = resume_settings(stored, ModelFlags(temperature=0.55).overrides(), params={"iterations": 3})
+    merged = resume_settings(
+        stored, ModelFlags(temperature=0.55).overrides(), stored_at=Path("run"), params={"iterations": 3}
+    )
     assert (merged.sampling.temperature, merged.sampling.top_p) == (0.55, 0.9)
     assert merged.method.params == {"iterations": 3} and merged.method.name == "cot"
 

@@ -193,7 +193,7 @@ def test_a_stored_runs_model_is_replaced_by_the_flag_given_on_resume() -> None:
     on_endpoint = Settings.model_validate(
         {"endpoint": {"base_url": "http://127.0.0.1:9/v1"}, "method": {"name": "cot"}}
     )
-    resumed = resume_settings(on_endpoint, {"local.model": "smollm2-135m"})
+    resumed = resume_settings(on_endpoint, {"local.model": "smollm2-135m"}, stored_at=Path("run"))
     assert resumed.uses_local_model and resumed.local.model == "smollm2-135m"
     in_process = with_overrides(Settings(hf={"model": "smollm2-135m"}), {"local.model": "qwen2.5-coder-0.5b"})
     assert in_process.uses_local_model and in_process.local.model == "qwen2.5-coder-0.5b"

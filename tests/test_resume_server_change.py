@@ -46,7 +46,7 @@ async def _run_then_stop(run_dir: Path, settings: Settings) -> None:
 
 
 def _resumed(run_dir: Path, base_url: str, **overrides: object) -> Settings:
-    return resume_settings(stored_settings(run_dir), {"endpoint.base_url": [base_url], **overrides})
+    return resume_settings(stored_settings(run_dir), {"endpoint.base_url": [base_url], **overrides}, stored_at=run_dir)
 
 
 async def _resume(run_dir: Path, base_url: str) -> RunSummary:
@@ -244,7 +244,9 @@ async def test_a_replica_that_answered_no_call_is_the_runs_own_on_resume(tmp_pat
     # run's own URLs took the other for "another URL" where it lists no model of the replies' (llama-server echoes
     # the name asked), refused, and told to resume with the run's --base-url, which it was.
     def at(*servers: SimServer) -> Settings:
-        return resume_settings(stored_settings(run_dir), {"endpoint.base_url": [s.base_url for s in servers]})
+        return resume_settings(
+            stored_settings(run_dir), {"endpoint.base_url": [s.base_url for s in servers]}, stored_at=run_dir
+        )
 
     with (
         SimServer(SimScript(model="/models/a.gguf", persona="llama-server")) as one,

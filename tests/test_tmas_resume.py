@@ -153,7 +153,7 @@ async def test_resume_with_more_iterations_continues_from_the_stored_ones(tmp_pa
     run_dir = tmp_path / "run"
     small = scripted_settings(method__name="tmas", method__params={"n": 2, "m": 1, "iterations": 2})
     await scripted_run(ScriptedModel(SimScript(), small), run_dir, [problem])
-    settings = resume_settings(stored_settings(run_dir), {}, params={"iterations": 3})
+    settings = resume_settings(stored_settings(run_dir), {}, stored_at=run_dir, params={"iterations": 3})
     resumed = ScriptedModel(SimScript(), settings)
     summary = await scripted_run(resumed, run_dir)
     # Iterations 0-1 are replayed from the store; only iteration 2 (2 + 2 + 2 + 1 + 1 calls) is new.
@@ -177,7 +177,7 @@ async def test_a_resumed_run_replays_one_problem_at_a_time_each_until_its_first_
 
     begun: list[tuple[str, int]] = []
     state = RunState(on_iteration=lambda problem_id, t: begun.append((problem_id, t)))
-    settings = resume_settings(stored_settings(run_dir), {}, params={"iterations": 3})
+    settings = resume_settings(stored_settings(run_dir), {}, stored_at=run_dir, params={"iterations": 3})
     resumed = ScriptedModel(SimScript(), settings)
     summary = await scripted_run(resumed, run_dir, state=state)
     assert begun == [(p.problem_id, t) for p in problems for t in range(3)]
@@ -207,7 +207,9 @@ async def test_resume_with_fewer_iterations_keeps_only_the_iteration_records_of_
     run_dir = tmp_path / "run"
     settings = scripted_settings(method__name="majority", method__params={"k": 2, "iterations": 4})
     await scripted_run(ScriptedModel(SimScript(), settings), run_dir, [problem])
-    resumed = ScriptedModel(SimScript(), resume_settings(stored_settings(run_dir), {}, params={"iterations": 2}))
+    resumed = ScriptedModel(
+        SimScript(), resume_settings(stored_settings(run_dir), {}, stored_at=run_dir, params={"iterations": 2})
+    )
     summary = await scripted_run(resumed, run_dir)
     assert summary.done == 1 and resumed.calls == []  # every call of iterations 0-1 replayed
     with RunStore(run_dir, create=False) as store:

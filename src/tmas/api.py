@@ -235,7 +235,9 @@ async def aresume(
     check_limits("tmas.api.aresume", max_calls, max_completion_tokens)
     run_dir = Path(run_dir)
     try:
-        settings = resume_settings(stored_settings(run_dir), overrides or {}, config=config, params=params)
+        settings = resume_settings(
+            stored_settings(run_dir), overrides or {}, stored_at=run_dir, config=config, params=params
+        )
     except OverrideError as exc:
         raise ConfigError(f"tmas.api.aresume: {override_error(exc, overrides or {})}") from None
     check_given_params(settings.method.name, params or {}, _params_named("tmas.api.aresume"), InputError)

@@ -23,6 +23,7 @@ from tmas.agents.templates import prompts_from
 from tmas.config import (
     Budget,
     Settings,
+    check_pinned_batches,
     config_source,
     load_settings,
     validation_message,
@@ -257,6 +258,7 @@ def resume_settings(
     stored: Settings,
     overrides: dict[str, Any],
     *,
+    stored_at: Path,
     config: str | Path | None = None,
     params: dict[str, Any] | None = None,
     same_method: bool = True,
@@ -267,9 +269,13 @@ def resume_settings(
     not read again: a run continues as it was set up unless a flag says otherwise. ``same_method``: another method
     than the stored one is refused (it would solve every finished problem again and replace its result). The CLI's
     ``run --resume`` and ``sweep --resume`` (whose points set their own methods) and :func:`tmas.api.aresume` use
-    this rule."""
+    this rule. ``stored_at``: the run's (or sweep's) directory, named where the settings it continues with are
+    refused as a new run's would be (:func:`tmas.config.check_pinned_batches`, which a config file read afresh
+    passes already)."""
     fresh = config is not None
     settings = load_settings(config, overrides=overrides) if fresh else with_overrides(stored, overrides)
+    if not fresh:
+        check_pinned_batches(settings, f"{stored_at} (its stored settings)")
     if fresh and "method" not in settings.model_fields_set:
         settings = settings.model_copy(update={"method": stored.method})
     elif fresh:

@@ -524,7 +524,7 @@ def resumed_sweep(
             f" finished points are kept and read as they ran (tmas report {sweep_dir / POINTS_DIR}/* -o DIR, tmas"
             f" view {sweep_dir}): start a new sweep for the rest"
         ) from None
-    settings = resume_settings(stored, overrides, config=config, same_method=False)
+    settings = resume_settings(stored, overrides, stored_at=sweep_dir, config=config, same_method=False)
     if config is not None:
         # A config file read afresh holds none of the grid's sampling: it goes on again, under the flags given now.
         settings = with_grid_sampling(settings, spec, given_sampling(overrides))

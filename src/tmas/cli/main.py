@@ -311,7 +311,9 @@ def _resume_run(
 
     # The stored settings are the base; flags given now (e.g. a larger --iterations) go on top.
     with flags.pool_refused():
-        settings = resume_settings(stored_settings(run_dir), flags.overrides(method), config=flags.config)
+        settings = resume_settings(
+            stored_settings(run_dir), flags.overrides(method), stored_at=run_dir, config=flags.config
+        )
     flags.check_token_flags(settings.budget)
     # Refused at once where another process runs it, before the estimate (whose pilot would send calls); the lock is
     # taken for good by prepare_run.
