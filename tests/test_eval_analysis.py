@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import pytest
 
 from stored_records import as_results, as_stored
+from tmas.config import Budget
 from tmas.grading.grades import Grades
 from tmas.reports.analysis import (
     experience_trace,
@@ -15,8 +17,10 @@ from tmas.reports.analysis import (
     stopping_tradeoff,
     unique_guidelines,
 )
+from tmas.reports.budget_table import BudgetSpend
 from tmas.reports.metrics import compute_metrics
-from tmas.reports.report import without_stopping
+from tmas.reports.report import RunEvaluation, _stopping_comparisons, without_stopping
+from tmas.store.records import BUDGET_STOP
 
 pytest.importorskip("scipy")
 
@@ -171,3 +175,50 @@ def test_a_stopping_run_is_compared_with_a_full_run_of_its_other_parameters() ->
     assert without_stopping(stopping) == {"k": 16}
     tmas = {"n": 8, "early_stop": True, "early_stop_patience": 2, "early_stop_score": 0.9, "iterations": 4}
     assert without_stopping(tmas) == {"n": 8, "iterations": 4}
+
+
+def test_problems_a_budget_stopped_are_no_adaptive_stops() -> None:
+    # a: the vote decided after It0 (3 calls); b: the budget stopped it after It0 (5 calls); c ran both iterations.
+    results = [
+        _result("a", [[0, 0]], [[True, True]], stopped_reason="vote decided", calls=3),
+        _result("b", [[0, 0]], [[True, False]], stopped_reason=BUDGET_STOP, calls=5),
+        _result("c", [[0, 0], [0, 0]], [[True, True], [True, True]], calls=4),
+    ]
+    summary = stopping_summary(as_results(results))
+    assert (summary.stopped, summary.reasons, summary.mean_calls) == (1, {"vote decided": 1}, 3.0)
+    # A run that only a budget stopped stopped nothing early.
+    assert not stopping_summary(as_results(results[1:])).any
+
+
+def test_a_run_a_budget_stopped_is_no_full_run_to_compare_a_stopping_run_with() -> None:
+    stopped = [_result("a", [[0, 0]], [[False, False]], stopped_reason="vote decided")]
+    cut = [_result("a", [[0, 0]], [[False, False]], stopped_reason=BUDGET_STOP)]
+    full = [_result("a", [[0, 0], [0, 0]], [[False, False], [True, True]])]
+    for runs in (stopped, cut, full):
+        for rec in runs[0]["iterations"]:
+            rec["usage"] = {"prompt_tokens": 50, "completion_tokens": 50}
+
+    def evaluation(label: str, results: list[dict[str, Any]], budget_stops: int) -> RunEvaluation:
+        params = {"k": 2, "stop": "beta"} if label == "stopping" else {"k": 2}
+        spend = BudgetSpend(Budget(calls=4), [100], [2], budget_stops, []) if budget_stops else None
+        return RunEvaluation(
+            run_dir=Path(label),
+            label=label,
+            benchmark="b",
+            method="majority",
+            params=params,
+            model=None,
+            problems=1,
+            done=1,
+            failed=0,
+            metrics=compute_metrics(as_results(results), _grades(results)),
+            grades=None,
+            stopping=stopping_summary(as_results(results)),
+            budget=spend,
+        )
+
+    stopping = evaluation("stopping", stopped, 0)
+    _stopping_comparisons([stopping, evaluation("cut", cut, 1)])
+    assert stopping.stopping is not None and stopping.stopping.compared is None
+    _stopping_comparisons([stopping, evaluation("cut", cut, 1), evaluation("full", full, 0)])
+    assert stopping.stopping.compared == 1 and stopping.stopping.tokens_saved == 100

@@ -15,7 +15,7 @@ from pydantic import ValidationError
 from tmas.grading.grades import Grades
 from tmas.methods.state import BankState
 from tmas.reports.metrics import RunMetrics
-from tmas.store.records import Candidate, IterationRecord, ProblemResult
+from tmas.store.records import BUDGET_STOP, Candidate, IterationRecord, ProblemResult
 
 
 # ------------------------------------------------------------------------------------------ B.4
@@ -253,8 +253,9 @@ class StoppingSummary:
 
 
 def stopping_summary(results: list[ProblemResult]) -> StoppingSummary:
-    """Problems stopped early, why, and at which iteration on average; samples stopped while they streamed."""
-    stopped = [r for r in results if r.stopped_reason]
+    """Problems stopped early by the method's own rule, why, and at which iteration on average; samples stopped while
+    they streamed. A problem the budget stopped is none: the budget table counts it (reports/budget_table.py)."""
+    stopped = [r for r in results if r.stopped_reason and r.stopped_reason != BUDGET_STOP]
     reasons: dict[str, int] = {}
     for r in stopped:
         reasons[str(r.stopped_reason)] = reasons.get(str(r.stopped_reason), 0) + 1

@@ -654,7 +654,7 @@ def _pass1_cell(e: RunEvaluation, iteration: int) -> str:
 
 def _stopping_comparisons(runs: list[RunEvaluation]) -> None:
     """For a run that stopped problems or samples early, compare with a run of the same method and parameters, its
-    stopping rules aside, that stopped none."""
+    stopping rules aside, that stopped none (by a budget neither)."""
     for e in runs:
         if e.stopping is None or not e.stopping.any:
             continue
@@ -667,6 +667,7 @@ def _stopping_comparisons(runs: list[RunEvaluation]) -> None:
                 and without_stopping(o.params) == without_stopping(e.params)
                 and o.stopping
                 and not o.stopping.any
+                and not (o.budget and o.budget.stopped)
             ),
             None,
         )
