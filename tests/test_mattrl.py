@@ -838,8 +838,26 @@ async def test_reviews_that_finished_before_the_budget_stop_stay_in_the_transcri
     assert [(u.agent, u.target) for u in reviews] == [("S2", "S1"), ("S3", "S1")]
     # Each holds the reply its call got, as a review of a finished round does.
     assert [u.text for u in reviews] == [c.reply.content for c in sent] and all(u.text for u in reviews)
-    # The round did not finish: nobody's acceptance or convergence was judged from the partial reviews.
-    assert [m["converged"] for m in result.iterations[-1].state["members"]] == [False, False, False]
+    # The round did not finish: S2 and S3, whose reviews the budget refused, were not judged.
+    assert [m["converged"] for m in result.iterations[-1].state["members"]][1:] == [False, False]
+    assert result.iterations[-1].notes[-3:-1] == ["S2: 0 of 2 reviews came back", "S3: 0 of 2 reviews came back"]
+
+
+async def test_a_specialist_whose_reviews_all_came_back_before_the_budget_stop_is_judged_and_scored() -> None:
+    # S3's slip is reviewed second; budget 7: the team, three opinions, then S1's two reviews (both accept, 391 is
+    # right) and one of S2's before the budget refuses the rest.
+    slip = Rule(role="specialist", pattern="You are Edge-case auditor", replies=[WRONG])
+    result, model = await run([slip], settings_extra={"budget": {"calls": 7}}, iterations=2, team_size=3)
+    assert result.stopped_reason == "budget" and by_role(model)["reviewer"] == 3
+    [record] = result.iterations
+    members = {m["id"]: m for m in record.state["members"]}
+    scores = {c.meta.member: c.score for c in record.candidates}
+    # S1 was reviewed by both peers: accepted and converged as in a finished round, scored by the share that
+    # accepted (2 of 2). S2 has one review of two: neither judged nor scored from half its peers.
+    assert (members["S1"]["accepted"], members["S1"]["converged"], scores["S1"]) == (True, True, 1.0)
+    assert (members["S2"]["accepted"], members["S2"]["converged"], scores["S2"]) == (False, False, None)
+    assert (members["S3"]["accepted"], scores["S3"]) == (False, None)
+    assert record.notes[-3:-1] == ["S2: 1 of 2 reviews came back", "S3: 0 of 2 reviews came back"]
 
 
 async def test_medicine_without_a_readable_decision_uses_the_pooled_differential() -> None:

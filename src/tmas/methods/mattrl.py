@@ -370,7 +370,7 @@ class MATTRL(Method[MATTRLParams]):
         reviews: Reviews = {}
         try:
             await self._opinions(session, talk, active, r, snapshot, bulletin, spoke, notes)
-            reviews = await talk.review.review(session, active, talk.seats, r, talk.transcript, notes, final=final)
+            await talk.review.review(session, active, talk.seats, r, talk.transcript, notes, reviews, final=final)
             last = final or all(s.converged for s in talk.seats)
             if last:
                 talk.decision = await self._decide(session, talk, r, notes)

@@ -121,10 +121,13 @@ class PeerReview(ABC):
         r: int,
         transcript: Transcript,
         notes: list[str],
+        reviews: Reviews,
         *,
         final: bool,
-    ) -> Reviews:
-        """The round's reviews of the active attempts (``final``: the last round R_max allows)."""
+    ) -> None:
+        """The round's reviews of the active attempts into ``reviews`` (``final``: the last round R_max allows). When
+        the budget stops the round, ``reviews`` holds the seats all of whose reviews came back, each judged as in a
+        finished round, and the stop goes on up."""
 
     @abstractmethod
     def meeting(
@@ -144,11 +147,14 @@ class PeerReview(ABC):
         r: int,
         transcript: Transcript,
         notes: list[str],
-    ) -> dict[str, list[ReviewT]]:
-        """The reviews of round ``r``, ``one(target, reviewer)`` for each (target, reviewer) pair, all at once: the id
-        of each of the ``active`` seats -> its reviews, each in the transcript. Reviews and their notes are listed in
-        pair order, whatever order they came back in. When the budget stops the round, the reviews that finished are
-        in the transcript all the same (their calls were answered and spent), and the stop goes on up."""
+        reviews: dict[str, list[ReviewT]],
+    ) -> None:
+        """The reviews of round ``r``, ``one(target, reviewer)`` for each (target, reviewer) pair, all at once, into
+        ``reviews``: the id of each of the ``active`` seats -> its reviews, each in the transcript. Reviews and their
+        notes are listed in pair order, whatever order they came back in. When the budget stops the round, the reviews
+        that finished are in the transcript all the same (their calls were answered and spent), ``reviews`` holds the
+        seats all of whose reviews came back, a note says how many came back of each other seat's, and the stop goes
+        on up."""
         done: dict[int, tuple[ReviewT, Completion | None]] = {}
 
         async def keep(i: int, target: Seat, reviewer: Seat) -> None:
@@ -159,12 +165,12 @@ class PeerReview(ABC):
             await gather_all(keep(i, target, reviewer) for i, (target, reviewer) in enumerate(pairs))
         finally:
             notes[start:] = sorted(notes[start:])
-            reviews: dict[str, list[ReviewT]] = {s.member.id: [] for s in active}
+            got: dict[str, list[ReviewT]] = {s.member.id: [] for s in active}
             for i, (target, _) in enumerate(pairs):
                 if i not in done:
                     continue
                 review, reply = done[i]
-                reviews[target.member.id].append(review)
+                got[target.member.id].append(review)
                 transcript.utterances.append(
                     Utterance(
                         round=r,
@@ -176,7 +182,13 @@ class PeerReview(ABC):
                         call_id=reply.call_id if reply is not None else None,
                     )
                 )
-        return reviews
+            asked = Counter(target.member.id for target, _ in pairs)
+            for seat in active:
+                own = got[seat.member.id]
+                if len(own) == asked[seat.member.id]:
+                    reviews[seat.member.id] = own
+                else:
+                    notes.append(f"{seat.member.id}: {len(own)} of {asked[seat.member.id]} reviews came back")
 
     async def ask(
         self,
@@ -237,20 +249,32 @@ class VerdictReview(PeerReview):
         r: int,
         transcript: Transcript,
         notes: list[str],
+        reviews: Reviews,
         *,
         final: bool,
-    ) -> Reviews:
-        """Every active attempt reviewed by every other specialist; then acceptance and convergence."""
+    ) -> None:
+        """Every active attempt reviewed by every other specialist; then acceptance and convergence (under a budget
+        stop, of the seats all of whose reviews came back)."""
         pairs = [(t, s) for t in active for s in seats if s is not t and t.spoke]
-        reviews: dict[str, list[Review]] = await self.gather(
-            active,
-            pairs,
-            lambda target, reviewer: self._review(session, reviewer, target, len(seats), notes),
-            r,
-            transcript,
-            notes,
-        )
+        try:
+            await self.gather(
+                active,
+                pairs,
+                lambda target, reviewer: self._review(session, reviewer, target, len(seats), notes),
+                r,
+                transcript,
+                notes,
+                reviews,
+            )
+        finally:
+            self._judge(active, reviews, r)
+
+    @staticmethod
+    def _judge(active: list[Seat], reviews: Reviews, r: int) -> None:
+        """Acceptance and convergence of each active seat whose reviews are in ``reviews``."""
         for seat in active:
+            if seat.member.id not in reviews:
+                continue
             if not seat.spoke:
                 seat.accepted = seat.converged = False
                 continue
@@ -267,7 +291,6 @@ class VerdictReview(PeerReview):
             seat.converged = seat.accepted or (
                 kept and heard and not serious and all(rv.verdict != "reject" for rv in own)
             )
-        return dict(reviews)
 
     async def _review(
         self, session: ProblemSession, reviewer: Seat, target: Seat, team: int, notes: list[str]
@@ -347,23 +370,24 @@ class DifferentialCritique(PeerReview):
         r: int,
         transcript: Transcript,
         notes: list[str],
+        reviews: Reviews,
         *,
         final: bool,
-    ) -> Reviews:
+    ) -> None:
         """Every active differential critiqued by every other specialist; none in the last round, whose
         revisions they would feed."""
         if final or all(s.converged for s in seats):
-            return {}
+            return
         pairs = [(t, s) for t in active for s in seats if s is not t and t.spoke]
-        critiques: dict[str, list[DifferentialReview]] = await self.gather(
+        await self.gather(
             active,
             pairs,
             lambda target, reviewer: self._critique(session, reviewer, target, len(seats), notes),
             r,
             transcript,
             notes,
+            reviews,
         )
-        return critiques
 
     async def _critique(
         self, session: ProblemSession, reviewer: Seat, target: Seat, team: int, notes: list[str]
