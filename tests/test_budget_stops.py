@@ -215,3 +215,26 @@ async def test_the_stop_note_is_in_the_stored_iteration_record(
     assert result.stopped_reason == "budget" and [r.iteration for r in stored] == [0]
     assert stored[0].notes[-1] == cut_note(result) == note
     assert stored[0].notes.count(note) == 1
+
+
+@pytest.mark.parametrize("mode", ["numeric", "proof"])
+async def test_a_budget_stop_after_an_answer_fallback_returns_the_earlier_candidates_text(mode: str) -> None:
+    # Every exploit call of iteration 1 fails: its record answers with iteration 0's candidate (the answer fallback).
+    # The budget refuses iteration 2's first call, so the runner ends the problem from iteration 1's record: the
+    # answer and the text are that candidate's, and the result says the answer fell back, as one that ran to its end
+    # says it. The text was empty: it was looked for among iteration 1's candidates by answer (a proof has none).
+    failing = SimScript(rules=[Rule(role="solution", pattern="<rollout", fault="http_400")])
+    params = {"n": 2, "m": 1, "iterations": 3, "epsilon": 0.0, "mode": mode}
+    _, unlimited = await solve("tmas", {}, failing, **params)
+    before = sum(1 for c in unlimited.calls if (c.key.iteration or 0) < 2)
+    result, model = await solve("tmas", {"calls": before}, failing, **params)
+    assert len(model.calls) == before and [r.iteration for r in result.iterations] == [0, 1]
+    last = result.iterations[-1]
+    assert last.selection is not None and last.selection.iteration == 0 and last.selection.fallback
+    chosen = result.iterations[0].candidates[last.selection.candidate]
+    assert (result.status, result.stopped_reason, result.answer) == ("done", "budget", chosen.answer)
+    assert result.text == chosen.text and "\\boxed{" in result.text
+    assert result.fallback is not None and (result.fallback.iteration, result.fallback.candidate) == (
+        0,
+        last.selection.candidate,
+    )

@@ -47,6 +47,8 @@ from tmas.memory.embedders import LOCAL, LOCAL_NAME
 from tmas.methods import METHODS, check_given_params, check_roles, create_method
 from tmas.methods.base import (
     BudgetExhausted,
+    Candidate,
+    IterationRecord,
     Method,
     ProblemResult,
     ProblemSession,
@@ -54,6 +56,7 @@ from tmas.methods.base import (
     gather_all,
     truncation_warnings,
 )
+from tmas.methods.state import FallbackState
 from tmas.problems import Problem, dataset_name, iter_problems, resolve_dataset
 from tmas.store.run_lock import RunLock
 from tmas.store.run_store import DB_NAME, RunStore, StoreError
@@ -1202,16 +1205,32 @@ def pooled_left(store: RunStore | None, budget: Budget, finished: Collection[str
 
 
 def budget_result(method: str, session: ProblemSession, detail: str) -> ProblemResult:
-    """The result of a problem stopped by its budget: the iterations finished so far, the last one's answer."""
+    """The result of a problem stopped by its budget: the iterations finished so far, the last one's answer, and the
+    text of the candidate that answer is (an earlier iteration's where the answer fell back to it: the fallback too,
+    as a result of a method that ran to its end says it)."""
     last = session.records[-1] if session.records else None
-    text = ""
-    if last is not None and last.selected is not None:
-        text = next((c.text for c in last.candidates if c.answer == last.selected), "")
-    result = session.result(method, answer=last.selected if last else None, text=text)
+    chosen = _selected_candidate(session.records)
+    result = session.result(method, answer=last.selected if last else None, text=chosen.text if chosen else "")
+    if last is not None:
+        result.fallback = FallbackState.model_validate(last.state).answer_fallback
     session.budget_stopped(result, detail)
     if last is None:
         result.status, result.error = "failed", f"{detail}, before any iteration finished"
     return result
+
+
+def _selected_candidate(records: list[IterationRecord]) -> Candidate | None:
+    """The candidate the last of ``records`` answers with: the one its selection names (an earlier record's where the
+    answer fell back to it; a proof, which has no answer), else, where the method set the answer alone, the first of
+    the record's candidates with that answer; None where the answer is no candidate's (MATTRL's decision)."""
+    if not records:
+        return None
+    last, chosen = records[-1], records[-1].selection
+    if chosen is None:
+        answered = (c for c in last.candidates if last.selected is not None and c.answer == last.selected)
+        return next(answered, None)
+    written = next((r.candidates for r in records if r.iteration == chosen.iteration), [])
+    return next((c for c in written if c.index == chosen.candidate), None)
 
 
 async def solve_one(method: Method[Any], session: ProblemSession) -> ProblemResult:
