@@ -292,6 +292,30 @@ async def test_a_resumed_pooled_run_does_not_bank_again_what_finished_problems_d
     assert c is not None and (c.usage.completion_tokens, c.budget_drawn) == (90, 0)
 
 
+async def test_a_problem_its_call_budget_stops_draws_nothing_from_the_pool(tmp_path: Path) -> None:
+    # Budget 90 tokens and 9 calls a problem, pooled; each sample sent once the one before it is answered. "a" stops
+    # after 4 calls and 40 tokens, leaving 50. "b" sends 9 calls at 0, 10, ..., 80 and reaches both limits at once:
+    # its 10th call is refused by the call budget, which no draw lifts, so it takes nothing from the pool (before, it
+    # drew the 50 there and recorded them as drawn though it spent only its own share, and held them from the
+    # problems still open until it finished). "c"'s replies cost 20: at 100 it draws the 50, sends calls at 100 and
+    # 120, and is refused at 140 after 7 calls.
+    twenty = ScriptedUsage(prompt_tokens=5, completion_tokens=20)
+    script = SimScript(rules=[Rule(pattern="Once more", replies=POOLED.rules[0].replies, usage=twenty), *POOLED.rules])
+    problems = [*SETTLED_AND_OPEN, Problem(problem_id="c", question="What is 12*12? Once more.")]
+    settings = scripted_settings(
+        method={"name": "majority", "params": {**POOLED_PARAMS, "round_size": 1}},
+        budget={"tokens": 90, "calls": 9, "pool": True},
+        problems_in_flight=1,
+    )
+    await scripted_run(ScriptedModel(script, settings), tmp_path / "run", problems)
+    with RunStore(tmp_path / "run", create=False) as store:
+        results = {r.problem_id: r for r in store.results()}
+    spent = {p: (r.calls, r.usage.completion_tokens, r.budget_drawn) for p, r in results.items()}
+    assert spent == {"a": (4, 40, 0), "b": (9, 90, 0), "c": (7, 140, 50)}
+    stop = results["b"].iterations[-1].notes[-1]
+    assert stop.startswith("stopped: budget spent (9 calls of a budget of 9; 90 completion tokens of a budget of 90")
+
+
 async def test_a_budget_counting_prompts_is_passed_by_one_call_at_most_whatever_the_prompts_cost(
     tmp_path: Path,
 ) -> None:

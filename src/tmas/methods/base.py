@@ -119,8 +119,9 @@ class TokenBank:
     """A pooled token budget (``budget.pool``): the tokens finished problems left unused, for problems still open.
 
     A problem that has spent its own ``budget.tokens`` draws up to that much again from the bank before its budget
-    refuses a call, so the tokens a settled problem saved reach several open problems rather than the first one
-    alone; when it finishes, what it did not spend of its share and its draws goes back. The run never spends more
+    refuses a call (not where its call budget refuses it: no draw lets that call go), so the tokens a settled
+    problem saved reach several open problems rather than the first one alone; when it finishes, what it did not
+    spend of its share and its draws goes back. The run never spends more
     than its problems' shares together (and one call each, as for any token budget). With more than one problem
     in flight, which open problem gets them depends on the order they finish in.
     """
@@ -492,7 +493,9 @@ class ProblemSession:
         calls = self.spent_calls - self._asked_again + self.calls_in_flight
         if b.calls is not None and calls >= b.calls:
             over.append(f"{calls} calls of a budget of {b.calls}")
-        if b.tokens is not None and self.spent_tokens >= b.tokens + self.drawn and self.bank is not None:
+        # A call the call budget refuses draws nothing: no draw lets it go, and the pool's tokens stay for the open
+        # problems that can spend them.
+        if not over and b.tokens is not None and self.spent_tokens >= b.tokens + self.drawn and self.bank is not None:
             self.drawn += self.bank.draw(b.tokens)
         if b.tokens is not None and self.spent_tokens >= b.tokens + self.drawn:
             pooled = f" and {self.drawn} drawn from the run's pool" if self.bank is not None else ""
