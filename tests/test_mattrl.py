@@ -351,6 +351,30 @@ async def test_a_decision_without_tags_gets_one_rewrite_pass() -> None:
     assert "<reply>\nSo the answer is \\boxed{391}.\n</reply>" in rewrite
 
 
+async def test_a_rewrite_that_changes_the_decisions_own_answer_does_not_replace_it() -> None:
+    # The rewrite is asked for the reply's content in the layout, its conclusion unchanged (paper 003, B.5: a rewrite
+    # pass "that preserves mathematical content"). One that writes another answer in its tags re-solved: the answer
+    # the chair's reply states stands (before, the rewrite's 390 was the decision and the chair's 391 was lost).
+    rewritten = (
+        "<analysis>\n- tally\n</analysis>\n<final_answer>\n390\n</final_answer>\n<formal_proof>\n17*23\n</formal_proof>"
+    )
+    rules = [
+        Rule(role="coordinator", pattern="<team_summary>", replies=["The team agrees: \\boxed{391}."]),
+        Rule(role="coordinator", pattern="<reply>", replies=[rewritten]),
+    ]
+    result, _ = await run(rules, iterations=1)
+    record = result.iterations[-1]
+    assert result.answer == "391" and record.selected == "391" and record.state["decision"]["answer"] == "391"
+    assert transcript(result).final_answer == "391"
+    assert record.notes[-1] == (
+        "decision: the rewrite's answer (390) is not the one its reply states (391): the reply's is used"
+    )
+    # A rewrite that keeps the answer, however it spells it, is the decision as it was.
+    kept = rewritten.replace("\n390\n", "\n$391$\n")
+    result, _ = await run([rules[0], Rule(role="coordinator", pattern="<reply>", replies=[kept])], iterations=1)
+    assert result.answer == "391" and result.iterations[-1].notes[-1].endswith("asked for one rewrite")
+
+
 async def test_the_decision_and_its_rewrite_are_calls_apart_from_the_team_formations() -> None:
     # Round 0 is the last: the decision and its rewrite share the team formation's role and iteration, and must not
     # share its attempts' sample indices (0 and 1 here: the first reply is unusable, the second forms the team).

@@ -574,6 +574,16 @@ class MATTRL(Method[MATTRLParams]):
             notes.append("decision: the required tags are missing; asked for one rewrite")
             final = await session.chat("coordinator", domain.rewrite_prompt(said), sample=_DECISION_SAMPLE + 1)
             decision = domain.parse_decision(finished_lines(final)) if final.ok else None
+            # The rewrite keeps the reply's conclusion (B.5: it "preserves mathematical content"): another answer in
+            # its tags is one it solved anew, and the answer the reply states stands.
+            own = domain.decision_fallback(said)
+            rewritten = decision.answer if decision is not None else None
+            if decision is not None and rewritten and own and normalize_answer(own) != normalize_answer(rewritten):
+                notes.append(
+                    f"decision: the rewrite's answer ({rewritten}) is not the one its reply states ({own}):"
+                    " the reply's is used"
+                )
+                decision.answer = own
         if decision is None or decision.answer is None:
             why = reply.error or (
                 "its answer echoed the instructions twice"
