@@ -40,6 +40,30 @@ async def test_transient_faults_are_retried(sim: SimServer, fault: str, tmp_path
     assert len(stored) == 1 and stored[0].error is None and stored[0].attempts == 3
 
 
+@pytest.mark.parametrize("stream", ["auto", "off"])
+async def test_a_dropped_connection_is_sent_again_as_it_was_and_recorded_by_its_cause(
+    sim: SimServer, stream: str, tmp_path: Path
+) -> None:
+    # The server reads the request and closes the connection without a status line: the request may not have
+    # reached the model, so the same body goes again after the backoff (cause "disconnected", one attempt spent).
+    sim.set_script(SimScript(rules=[Rule(fault="drop", times=1)]))
+    settings = settings_for(sim)
+    settings.endpoint.stream = stream  # type: ignore[assignment]
+    stats = ClientStats()
+    with RunStore(tmp_path) as store:
+        async with open_model(settings, store, stats=stats) as llm:
+            reply = await llm.chat("solution", QUESTION)
+        [stored] = store.calls()
+    assert reply.ok, reply.error
+    assert "\\boxed{391}" in reply.content
+    assert (reply.attempts, reply.retry_causes) == (2, ["disconnected"])
+    assert (stats.retries, stats.retries_by_cause) == (1, {"disconnected": 1})
+    assert (stored.attempts, stored.retry_causes, stored.error) == (2, ["disconnected"], None)
+    dropped, answered = sim.chat_bodies()
+    assert dropped == answered and dropped["messages"] == [{"role": "user", "content": "What is 17*23?"}]
+    assert sim.stats().faults == {"drop": 1}
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("stream", ["auto", "off"])
 async def test_a_silent_request_is_waited_for_streamed_or_not(sim: SimServer, stream: str, tmp_path: Path) -> None:
