@@ -118,6 +118,24 @@ def test_the_mv_frontier_ends_at_every_sample_and_a_budget_holds_a_point_exactly
     assert [p.accuracy if p else None for p in table] == pytest.approx([2 / 3, 1.0])
 
 
+def test_an_empty_answer_is_no_vote_in_the_frontier_as_in_mv_at_all() -> None:
+    # Samples "", "" and 7 (gold 7) at 100 tokens each: an empty answer is no vote (as majority vote counts votes),
+    # so 7 is the only answer voted for. MV@1: 1/3. MV@2 over 3 pairs: {"",""} nothing, {"",7} twice 7 -> 2/3.
+    # MV@3: 7 -> 1, as MV@all says. Grouping "" as an answer gave it two votes to 7's one: 0 at MV@3, and
+    # MV@2 = 1/3 (two ties of "" and 7, half each).
+    results = [
+        {
+            "problem_id": "a",
+            "iterations": [{"iteration": 0, "selected": "7", "candidates": _cands(["", "", "7"], [100] * 3)}],
+        }
+    ]
+    stored, grades = as_results(results, "majority"), _grade(results, {"a": "7"})
+    points = mv_frontier(stored, grades)
+    assert [p.accuracy for p in points] == pytest.approx([1 / 3, 2 / 3, 1.0])
+    [it0] = compute_metrics(stored, grades, pooled=True).iterations
+    assert it0.mv == points[-1].accuracy == 1.0
+
+
 def test_a_vote_decided_early_keeps_its_answer_at_larger_k() -> None:
     # Adaptive-Consistency (stop=beta): a's vote was decided after 4 samples, all 1 (gold 1); b drew all 8: five 2s and
     # three 3s (gold 3); c is still mid-way with one sample, 9 (gold 9). 100 tokens a sample.

@@ -27,11 +27,18 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from tmas.answer_classes import class_of
 from tmas.grading.grades import SELECTED, Grades
 from tmas.llm.types import Usage
 from tmas.methods import method_traits
-from tmas.reports.metrics import Spend, labeled_results, last_iteration, reached, record_at, spent_through
+from tmas.reports.metrics import (
+    Spend,
+    labeled_results,
+    last_iteration,
+    reached,
+    record_at,
+    spent_through,
+    vote_key,
+)
 from tmas.store.records import Candidate, ProblemResult
 
 # Completion tokens per problem at which the equal-budget table reads every frontier.
@@ -224,10 +231,11 @@ def _answer_groups(
     members: dict[str, list[float]] = {}
     others = 0
     for it, c in drawn:
-        if c.answer is None or c.error is not None:
+        key = vote_key(c, classes)
+        if key is None:
             others += 1
             continue
-        members.setdefault(class_of(c.answer, classes), []).append(grades.share_correct((pid, it, c.index)))
+        members.setdefault(key, []).append(grades.share_correct((pid, it, c.index)))
     # An answer's correctness is the mean over its holders (they agree unless a judge was inconsistent).
     return [(len(v), statistics.fmean(v)) for v in members.values()], others
 

@@ -265,7 +265,7 @@ def compute_metrics(
             it = record.iteration
             pool = [(rec.iteration, c) for rec in result.iterations if rec.iteration <= it for c in rec.candidates]
             drawn = pool if pooled else own
-            keyed = [(_vote_key(c, (classes or {}).get(pid)), i, c.index) for i, c in drawn[:mv_k]]
+            keyed = [(vote_key(c, (classes or {}).get(pid)), i, c.index) for i, c in drawn[:mv_k]]
             for r in range(grades.runs):
                 mv_hits += vote_share([(key, grades.correct((pid, i, index), r)) for key, i, index in keyed]) or 0.0
                 selected_hits += grades.correct((pid, it, SELECTED), r)
@@ -375,9 +375,9 @@ def spent_through(
     return max(records, count(result.usage))
 
 
-def _vote_key(candidate: Candidate, classes: Mapping[str, str] | None) -> str | None:
-    """The class a candidate votes for, None when it has no vote (no answer, or its call failed), as majority vote
-    counts votes."""
+def vote_key(candidate: Candidate, classes: Mapping[str, str] | None) -> str | None:
+    """The class a candidate votes for, None when it has no vote (no answer, an empty one, or its call failed), as
+    majority vote counts votes: the one key MV@all and the frontier's MV@k group answers by."""
     if not candidate.answer or candidate.error is not None:
         return None
     return class_of(candidate.answer, classes)
