@@ -136,6 +136,36 @@ def test_an_empty_answer_is_no_vote_in_the_frontier_as_in_mv_at_all() -> None:
     assert it0.mv == points[-1].accuracy == 1.0
 
 
+def test_a_sample_stopped_online_is_none_of_the_samples_mv_at_k_draws_from() -> None:
+    # Majority vote with online stopping: a sample stopped while it streamed (40 tokens), then 8, 7, 7 (gold 7) that
+    # ran to their end at 100 tokens each. The stopped sample is no rollout (Pass@1 2/3, over the three) and none of
+    # the samples drawn: K = 3. MV@1 2/3; MV@2 over 3 pairs: {7,7} right, {8,7} twice a tie (1/2) -> 2/3; MV@3 1.
+    # The problem spent 340 tokens, 340/3 a sample. Drawn as an answerless sample it gave K = 4 (MV@1, MV@2, MV@4)
+    # and MV@1 = 2/4: a draw of it alone counted wrong.
+    stop = "group confidence 1.750 of the last 4 tokens fell below the threshold 2.000 after 8 tokens"
+    stopped = {
+        "index": 0,
+        "answer": None,
+        "text": "Seventeen times",
+        "error": f"stopped early: {stop}",
+        "finish_reason": "confidence_stop",
+        "usage": {"completion_tokens": 40},
+        "meta": {"stopped_early": stop, "online_stop": "watched"},
+    }
+    ran = [{**c, "index": c["index"] + 1} for c in _cands(["8", "7", "7"], [100] * 3)]
+    results = [{"problem_id": "a", "iterations": [{"iteration": 0, "selected": "7", "candidates": [stopped, *ran]}]}]
+    stored, grades = as_results(results, "majority"), _grade(results, {"a": "7"})
+    points = mv_frontier(stored, grades)
+    assert [p.label for p in points] == ["MV@1", "MV@2", "MV@3"]
+    assert [p.accuracy for p in points] == pytest.approx([2 / 3, 2 / 3, 1.0])
+    assert [p.tokens for p in points] == pytest.approx([340 / 3, 680 / 3, 340])
+    [it0] = compute_metrics(stored, grades, pooled=True).iterations
+    assert (it0.pass1, it0.mv) == (pytest.approx(2 / 3), points[-1].accuracy)
+    # MV over the first two samples votes over 8 and 7 (a tie, 1/2), not over the stopped one and 8 (0).
+    [first_two] = compute_metrics(stored, grades, pooled=True, mv_k=2).iterations
+    assert first_two.mv == 0.5
+
+
 def test_a_vote_decided_early_keeps_its_answer_at_larger_k() -> None:
     # Adaptive-Consistency (stop=beta): a's vote was decided after 4 samples, all 1 (gold 1); b drew all 8: five 2s and
     # three 3s (gold 3); c is still mid-way with one sample, 9 (gold 9). 100 tokens a sample.

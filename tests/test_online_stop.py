@@ -297,7 +297,10 @@ async def test_the_report_counts_the_stopped_samples(sim: SimServer, tmp_path: P
     doc = Document("report")
     evaluation = evaluation_of(tmp_path / "run")
     _run_section(doc, evaluation)
-    assert "1 samples stopped while streaming (online_stop), saving about 92 completion tokens" in doc.markdown()
+    said = "1 samples stopped while streaming (online_stop), saving about 92 completion tokens"
+    assert said in doc.markdown()
+    # ... and says where they count: nowhere, neither as a rollout nor as a vote.
+    assert "no rollouts, they are left out of Pass@1, MV@all and the frontier's MV@k." in doc.markdown()
     # The stopped sample is no rollout: Pass@1 is over the three that ran to their end, all 391 (3/4 if it counted).
     assert evaluation.metrics.iterations[0].pass1 == 1.0
 

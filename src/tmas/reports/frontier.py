@@ -5,9 +5,11 @@
 - Majority vote: MV@k for k = 1, 2, 4, ..., K from the K stored samples of each problem, as the exact expectation over
   a uniformly random subset of k samples (see :func:`mv_at_k`), at k times the problem's mean completion tokens per
   sample (what it spent on its samples over their number); a finished problem with fewer samples (a vote decided
-  early) keeps its vote over all of them. A vote weighted or filtered by the samples' confidence (``select`` other
-  than ``vote``) returns what no plain vote does: its frontier is the answer it returned, one point per iteration
-  (:func:`votes_frontier`).
+  early) keeps its vote over all of them. A sample stopped while it streamed (online stopping) is none of the K, as
+  it is no rollout of Pass@1 (metrics.samples_drawn): it takes no place in a draw, neither a vote nor a wrong answer;
+  what it spent stays in its problem's tokens, shared among the samples that ran to their end. A vote weighted or
+  filtered by the samples' confidence (``select`` other than ``vote``) returns what no plain vote does: its frontier
+  is the answer it returned, one point per iteration (:func:`votes_frontier`).
 
 What a problem spent is what its stored calls spent where the run's store gives them (``spend``, metrics.run_spend):
 every completion token the server generated for it, a call that failed, was cancelled or failed
@@ -36,6 +38,7 @@ from tmas.reports.metrics import (
     last_iteration,
     reached,
     record_at,
+    samples_drawn,
     spent_through,
     vote_key,
 )
@@ -142,7 +145,8 @@ def mv_by_problem(
     spend: Spend | None = None,
 ) -> dict[str, tuple[float, float]]:
     """Per problem with at least k stored samples, MV@k (:func:`mv_at_k`) and its expected completion tokens: k times
-    the problem's mean per sample, what it spent drawing its samples over their number (a sample's own usage holds
+    the problem's mean per sample, what it spent drawing its samples over their number (samples stopped online are
+    none of them, :func:`tmas.reports.metrics.samples_drawn`, but what they spent counts; a sample's own usage holds
     each of its calls, an echo's retry included; the problem's spend also holds a call no sample came of, as the
     echoing first reply of a sample whose retry the budget refused, and with ``spend`` a sample's call that failed and
     was asked again on resume: :func:`spent_through`). A finished problem with fewer than k samples
@@ -153,8 +157,9 @@ def mv_by_problem(
     samples = _samples(results)
     for result in results:
         pid, drawn = result.problem_id, samples[result.problem_id]
-        # At least the samples' own calls (a record that holds no usage of its own).
-        spent = max(spent_through(result, None, _completion, spend), sum(c.usage.completion_tokens for _, c in drawn))
+        # At least the samples' own calls (a record that holds no usage of its own), those stopped online included.
+        own = sum(c.usage.completion_tokens for record in result.iterations for c in record.candidates)
+        spent = max(spent_through(result, None, _completion, spend), own)
         if not drawn and not result.in_progress:
             out[pid] = (0.0, float(spent))
             continue
@@ -168,8 +173,9 @@ def mv_by_problem(
 
 
 def _samples(results: list[ProblemResult]) -> dict[str, list[tuple[int, Candidate]]]:
-    # Every stored sample of every iteration (majority vote's later iterations draw more samples).
-    return {r.problem_id: [(rec.iteration, c) for rec in r.iterations for c in rec.candidates] for r in results}
+    # Every stored sample of every iteration (majority vote's later iterations draw more samples), but those stopped
+    # online (samples_drawn).
+    return {r.problem_id: samples_drawn(r) for r in results}
 
 
 def mv_at_k(groups: Sequence[tuple[int, float]], others: int, k: int) -> float:

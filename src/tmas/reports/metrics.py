@@ -11,7 +11,8 @@ refinement gave no answer and its trajectory went on from an earlier solution (S
 solution is the trajectory's rollout at the iteration, graded where it was written. Runs stored before that was
 recorded read each iteration's own candidates. A sample stopped while it streamed (online stopping, DeepConf's online
 mode: methods/online_stop.py) is no rollout: it was discarded by design before it reached an answer, so it neither
-votes nor counts in Pass@1's n_i (DeepConf's accuracies are over the traces that ran to their end).
+counts in Pass@1's n_i nor is one of the samples MV@k votes over (:func:`samples_drawn`; it is no wrong vote either),
+here and in the frontier's MV@k (DeepConf's accuracies are over the traces that ran to their end).
 
 A problem that stopped early (adaptive stopping) keeps its last iteration's candidates at later iterations: that is
 what the method would return, at no further cost. The tables run to the method's last iteration (its T) once a problem
@@ -210,6 +211,20 @@ def held_at(result: ProblemResult, record: IterationRecord) -> list[tuple[int, C
     return out
 
 
+def samples_drawn(result: ProblemResult, through: int | None = None) -> list[tuple[int, Candidate]]:
+    """Every sample ``result`` drew up to iteration ``through`` (None: all), each with its iteration: the samples a
+    vote pools (majority vote's later iterations draw more), for MV@all and the frontier's MV@k. A sample stopped
+    while it streamed (``meta.stopped_early``: online stopping) is left out, as :func:`held_at` leaves it out of
+    Pass@1: it was discarded before it reached an answer, so it takes no place in a draw and gives no vote."""
+    return [
+        (record.iteration, c)
+        for record in result.iterations
+        if through is None or record.iteration <= through
+        for c in record.candidates
+        if not c.meta.stopped_early
+    ]
+
+
 def last_iteration(results: Sequence[ProblemResult]) -> int:
     """The last iteration any problem of ``results`` reached (-1: none reached one)."""
     return max((record.iteration for r in results for record in r.iterations), default=-1)
@@ -263,8 +278,7 @@ def compute_metrics(
             if record is None:
                 continue
             it = record.iteration
-            pool = [(rec.iteration, c) for rec in result.iterations if rec.iteration <= it for c in rec.candidates]
-            drawn = pool if pooled else own
+            drawn = samples_drawn(result, it) if pooled else own
             keyed = [(vote_key(c, (classes or {}).get(pid)), i, c.index) for i, c in drawn[:mv_k]]
             for r in range(grades.runs):
                 mv_hits += vote_share([(key, grades.correct((pid, i, index), r)) for key, i, index in keyed]) or 0.0

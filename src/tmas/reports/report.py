@@ -483,7 +483,8 @@ def write_report(evaluations: list[RunEvaluation], out_dir: Path, *, paper_model
         Paragraph(
             "Pass@1 as in the TMAS paper (A.2): per problem the share of rollouts judged correct, "
             "averaged over problems, then over judge runs; a rollout without an answer, or whose call failed, counts "
-            "as wrong; a sample stopped while it streamed (online_stop, DeepConf) is no rollout and is left out. "
+            "as wrong; a sample stopped while it streamed (online_stop, DeepConf) is no rollout and is left out, "
+            "of MV@all and the frontier's MV@k too (no vote, and no wrong one). "
             "Values in %. In each run's per-iteration table, Pass@1 "
             "std. error is its standard error across problems (as the frontier's band); MV@all is what plain majority "
             "vote over the iteration's candidates gives (for majority vote, over every sample drawn up to it, as the "
@@ -945,7 +946,7 @@ def _analyses(doc: Document, e: RunEvaluation) -> None:
             parts.append(
                 f"{s.stopped_traces} samples stopped while streaming (online_stop), saving about"
                 f" {s.stopped_tokens_saved} completion tokens (each against its problem's warm-up samples' mean);"
-                " no rollouts, they are left out of Pass@1"
+                " no rollouts, they are left out of Pass@1, MV@all and the frontier's MV@k"
             )
         text = "; ".join(parts)
         if s.tokens_saved is not None and s.compared is not None:
