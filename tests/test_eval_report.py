@@ -184,7 +184,13 @@ async def test_the_report_says_where_each_run_lost_its_answers(tmp_path: Path) -
     # CoT selects nothing and has no verifier; its one iteration changes nothing: it is in the replies part alone.
     assert part.count(cot) == 1 and f"| {cot} | solution | 4 | 0.0% (0) | 0.0% (0) |" in part
     assert f"| {vr} | 4 | 25.0% (1) | 50.0% (2) | 25.0% (1) | 25.0% (1) | 25.0% (1) |" in part
-    assert f"{vr}: right answer passed over in p1, p2." in part
+    # p1 had 391 (right) in its last round and returned 390; p2's right 144 was refined into 141 after It0: the rule
+    # never passed it over, refinement lost it.
+    assert (
+        f"{vr}: a right candidate in the last iteration, another returned: p1; right candidates only in earlier "
+        "iterations: p2." in part
+    )
+    assert "Shares of the run's graded problems (Problems)." in part
     assert f"| {vr} | 50.0% (2 of 4) | 27.3% (3 of 11) | 0.614 | 0 | 1 |" in part
     assert f"| {vr} | 4 | 75.0% (3) | 25.0% (1) | 25.0% (1) | 25.0% (1) |" in part
     assert f"| {vr} | solution | 8 | 12.5% (1) | 12.5% (1) |" in part

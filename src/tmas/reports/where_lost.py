@@ -271,6 +271,15 @@ def _selection_part(doc: Document, runs: list[tuple[str, SelectionLosses]]) -> N
     if not runs:
         return
     doc.add(Heading(4, "Right answer among the candidates, another returned"))
+    doc.add(
+        Paragraph(
+            "Shares of the run's graded problems (Problems). Wrong, right among the candidates: the returned answer is "
+            "wrong though a right candidate was written, in the last iteration (among the solutions its trajectories "
+            "hold, as Pass@1 reads them: the rule passed it over) or only in earlier ones (refinement lost it, or a "
+            "rule choosing from every iteration passed it over). Wrong, no right candidate: no candidate of any "
+            "iteration was right (a problem that failed before any iteration included)."
+        )
+    )
     rows = [
         [
             label,
@@ -287,11 +296,18 @@ def _selection_part(doc: Document, runs: list[tuple[str, SelectionLosses]]) -> N
     doc.add(
         Table([*headers, "of which in the last iteration", "of which only earlier", "Wrong, no right candidate"], rows)
     )
-    named = [
-        f"{label}: right answer passed over in {_named(s.in_last + s.only_earlier)}."
-        for label, s in runs
-        if s.passed_over
-    ]
+    named = []
+    for label, s in runs:
+        kinds = [
+            f"{what} {_named(ids)}"
+            for what, ids in (
+                ("a right candidate in the last iteration, another returned:", s.in_last),
+                ("right candidates only in earlier iterations:", s.only_earlier),
+            )
+            if ids
+        ]
+        if kinds:
+            named.append(f"{label}: {'; '.join(kinds)}.")
     if named:
         doc.add(Paragraph(" ".join(named)))
 
