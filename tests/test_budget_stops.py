@@ -144,6 +144,25 @@ async def test_tmas_cut_in_its_second_iteration_answers_from_the_first() -> None
     assert cut_note(result) == "stopped: budget spent (11 calls of a budget of 11) in iteration 1"
 
 
+# A verification that passes the solution: every one scores 1, so a score over the ones that came back reads 1.0.
+PASS = Rule(role="verifier", replies=["## Analysis\nEvery step checks out.\n\n## Score\nScore: 1"])
+
+
+@pytest.mark.parametrize("method", ["verify_refine"])
+async def test_a_candidate_is_scored_from_the_verifications_that_came_back_before_the_stop(method: str) -> None:
+    # n = 1, m = 2, 2 calls: the solution, then its first verification; the second is refused. The candidate is scored
+    # from the one that came back (1.0; counted with the refused one as 0 it would read 0.5, unscored None), and
+    # recorded with it.
+    result, model = await solve(method, {"calls": 2}, SimScript(rules=[PASS]), n=1, m=2, iterations=2)
+    assert [c.role for c in model.calls] == ["solution", "verifier"]
+    assert (result.status, result.stopped_reason, result.answer) == ("done", "budget", "391")
+    [record] = result.iterations
+    [candidate] = record.candidates
+    assert candidate.score == 1.0 and not candidate.meta.unverified
+    assert [(v.score, v.call_id) for v in candidate.meta.verifications or []] == [(1.0, model.calls[1].reply.call_id)]
+    assert "candidate 0: 1 of 2 verifications came back before the budget stop; scored from them" in record.notes
+
+
 async def test_tmas_token_budget_past_its_verifications_skips_the_memory_update() -> None:
     # n = 1, m = 1, 30 tokens a call: solution at 0, verification at 30, summary at 60, the memory calls at 90 and
     # 120 (each may cost its max_tokens, more than what is left, so they go one after the other); iteration 1's

@@ -11,7 +11,7 @@ import asyncio
 import math
 from abc import ABC, abstractmethod
 from collections.abc import Awaitable, Callable, Iterable, Iterator, Mapping, Sequence
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from typing import Annotated, Any, ClassVar, Generic, Self, TypeVar, cast
 
 from pydantic import (
@@ -74,6 +74,7 @@ __all__ = [
     "Selection",
     "TokenBank",
     "gather_all",
+    "gather_finished",
     "gather_pair",
     "read_as_stored",
     "truncation_warnings",
@@ -652,6 +653,17 @@ async def gather_all(aws: Iterable[Awaitable[_T]]) -> list[_T]:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
         raise
+
+
+async def gather_finished(aws: Iterable[Awaitable[_T]]) -> list[_T | None]:
+    """:func:`gather_all`, keeping what finished when the budget stops some of ``aws``: each one's result, in order,
+    None for one the budget refused (:class:`BudgetExhausted`), so a step scores what came back rather than losing it
+    (:attr:`ProblemSession.budget_stop` says a stop came). Any other error is raised as :func:`gather_all` raises it."""
+    tasks = [asyncio.ensure_future(aw) for aw in aws]
+    # Every task has ended once gather_all returns or raises the stop (it waits for them); the refused ones hold it.
+    with suppress(BudgetExhausted):
+        await gather_all(tasks)
+    return [None if task.exception() is not None else task.result() for task in tasks]
 
 
 async def gather_pair(first: Awaitable[_T], second: Awaitable[_U]) -> tuple[_T, _U]:

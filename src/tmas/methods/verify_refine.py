@@ -15,7 +15,9 @@ selected from in the iteration, with its score, in place of the correction (``me
 A solution with no text is not sent to the verifiers: it is scored 0, recorded unverified, and no corrector is shown
 it (its trajectory starts afresh, as after a failed call, unless it holds an answered solution on). A prompt a
 trajectory sends again (the generation prompt afresh, a held solution with the same report) goes with a new seed where
-one is configured (``tmas.methods.reasked``).
+one is configured (``tmas.methods.reasked``). A budget stop keeps what finished: a solution some of whose
+verifications it refused is scored from those that came back (a failed one still counts 0), one it refused them all
+is kept unverified and unscored, each noted in the iteration's record.
 """
 
 from __future__ import annotations
@@ -35,7 +37,6 @@ from tmas.agents.verification import (
     verification_reply_model,
 )
 from tmas.methods.base import (
-    BudgetExhausted,
     Candidate,
     CandidateMeta,
     Iterations,
@@ -44,6 +45,7 @@ from tmas.methods.base import (
     ProblemResult,
     ProblemSession,
     gather_all,
+    gather_finished,
     read_as_stored,
 )
 from tmas.methods.call_count import CallCount, Instead, asked_again, count_calls
@@ -139,7 +141,7 @@ class VerifyRefine(Method[VerifyRefineParams]):
             if not done:
                 break
             candidates = [v.candidate for v in done]
-            notes = notes_for(candidates, p.mode) + verification_notes(candidates)
+            notes = notes_for(candidates, p.mode) + verification_notes(candidates, p.m)
             # The solutions the trajectories hold: a correction without an answer counts as the one it carries.
             holding = []
             for v in done:
@@ -215,14 +217,16 @@ class VerifyRefine(Method[VerifyRefineParams]):
             return Verified(candidate, None)
         check = verification_prompt(q, candidate.text, mode, p.style_of("verifier"))
         shape = verification_reply_model(session.max_tokens("verifier"))
-        try:
-            replies = await gather_all(
-                session.chat("verifier", check, sample=i * p.m + j, reply_model=shape) for j in range(p.m)
-            )
-        except BudgetExhausted:
-            # The solution is finished but unverified: kept, unscored, and not corrected from a report it never got.
+        came_back = await gather_finished(
+            session.chat("verifier", check, sample=i * p.m + j, reply_model=shape) for j in range(p.m)
+        )
+        replies = [r for r in came_back if r is not None]
+        if not replies:
+            # The budget stopped every verification: the solution is finished but unverified: kept, unscored, and not
+            # corrected from a report it never got.
             candidate.meta.unverified = True
             return Verified(candidate, None)
+        # Where the budget stopped some, the candidate is scored from those that came back (the stop ends the run).
         reports = [
             parse_verification(r.content, truncated=r.truncated)
             if r.ok
@@ -260,13 +264,21 @@ def _most_critical(reports: list[Verification], answered: list[bool]) -> Verific
     return next((v for v, ok in zip(reports, answered, strict=True) if ok), reports[0])
 
 
-def verification_notes(candidates: list[Candidate]) -> list[str]:
-    """The iteration record's notes of solutions with no text (not verified) and of verifications that failed or gave
-    no readable score (each counted 0)."""
+def verification_notes(candidates: list[Candidate], m: int) -> list[str]:
+    """The iteration record's notes of solutions with no text (not verified), of solutions some or all of whose ``m``
+    verifications the budget stopped (scored from those that came back, or unscored), and of verifications that
+    failed or gave no readable score (each counted 0)."""
     notes = []
     for c in candidates:
         if c.error is None and not c.text.strip():
             notes.append(f"candidate {c.index}: no solution text; not verified, scored 0")
+        elif c.meta.unverified:
+            notes.append(f"candidate {c.index}: the budget stopped its verifications before any came back; unscored")
+        elif c.meta.verifications is not None and len(c.meta.verifications) < m:
+            came = len(c.meta.verifications)
+            notes.append(
+                f"candidate {c.index}: {came} of {m} verifications came back before the budget stop; scored from them"
+            )
         for j, v in enumerate(c.meta.verifications or []):
             if v.error is not None:
                 notes.append(f"candidate {c.index}, verifier {j}: call failed: {v.error}; counted 0")
