@@ -1,7 +1,6 @@
 """Equal-compute budgets: a problem stops at the first call past its token or call budget, keeps what finished, and
-its record says so; for the baselines (handled in the method) and TMAS (handled by the runner) alike. What a budget
-stops is worked in process on the scripted model; the flags, the run summary and the pooled budget of a run against
-the simulated server."""
+its record says so; for the baselines and TMAS alike. What a budget stops is worked in process on the scripted model;
+the flags, the run summary and the pooled budget of a run against the simulated server."""
 
 from __future__ import annotations
 
@@ -56,19 +55,30 @@ async def test_token_budget_stops_at_the_first_call_past_it() -> None:
     assert len(model.calls) == len(spends)
 
 
-async def test_tmas_is_stopped_by_the_runner_with_its_finished_iterations() -> None:
+async def test_tmas_stopped_by_its_budget_keeps_the_solutions_of_the_iteration_it_cut() -> None:
     # n=2, m=1: an iteration is 2 solutions + 2 verifications + 2 summaries + experience + guideline = 8 calls.
+    # Iteration 1's two solutions are the 9th and 10th calls; their verifications are refused.
     result, model = await solve("tmas", {"calls": 10}, n=2, m=1, iterations=5)
     assert len(model.calls) == 10
     assert result.stopped_reason == "budget" and result.status == "done"
-    assert [r.iteration for r in result.iterations] == [0] and result.answer == "391"
-    assert "stopped: budget spent" in result.iterations[-1].notes[-1]
+    assert [r.iteration for r in result.iterations] == [0, 1] and result.answer == "391"
+    assert [(c.index, c.meta.unverified, c.score) for c in result.iterations[1].candidates] == [
+        (0, True, None),
+        (1, True, None),
+    ]
+    assert result.iterations[-1].notes[-1] == (
+        "stopped: budget spent (10 calls of a budget of 10) in iteration 1; 2 of 2 candidates finished"
+    )
 
 
-async def test_budget_before_any_iteration_is_a_failed_problem() -> None:
+async def test_tmas_stopped_in_its_first_iteration_answers_from_the_solutions_that_came_back() -> None:
+    # Both solutions, then candidate 0's verification; candidate 1's is refused. The first iteration is recorded with
+    # both candidates, and the problem is answered from it.
     result, model = await solve("tmas", {"calls": 3}, n=2, m=1, iterations=5)
-    assert result.status == "failed" and result.stopped_reason == "budget" and not result.iterations
-    assert result.error is not None and "before any iteration finished" in result.error and len(model.calls) == 3
+    assert [c.role for c in model.calls] == ["solution", "solution", "verifier"]
+    assert (result.status, result.stopped_reason, result.answer) == ("done", "budget", "391")
+    [record] = result.iterations
+    assert [(c.score is None, c.meta.unverified) for c in record.candidates] == [(False, None), (True, True)]
 
 
 async def test_no_budget_means_no_stop() -> None:
@@ -129,9 +139,10 @@ async def test_token_budget_counts_completion_or_total_tokens(count: str, tokens
     budget = {"tokens": tokens, "count": count}
     result, model = await run_scripted("tmas", script=SCRIPTED, settings={"budget": budget}, **params)
     assert len(model.calls) == calls and result.calls == calls
-    assert result.stopped_reason == "budget" and [r.iteration for r in result.iterations] == [0]
+    # Iteration 1's solution came back: the iteration is kept with it, as its record's last note says.
+    assert result.stopped_reason == "budget" and [r.iteration for r in result.iterations] == [0, 1]
     note = f"stopped: budget spent ({spent} {count} tokens of a budget of {tokens}) in iteration 1"
-    assert result.iterations[-1].notes[-1] == note
+    assert result.iterations[-1].notes[-1] == f"{note}; 1 of 1 candidates finished"
     # The three counts stay apart whatever the budget counted; the result includes the cut iteration's calls.
     assert result.usage == Usage(prompt_tokens=100 * calls, completion_tokens=30 * calls, reasoning_tokens=10 * calls)
     assert result.iterations[0].usage == Usage(prompt_tokens=500, completion_tokens=150, reasoning_tokens=50)

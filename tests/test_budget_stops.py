@@ -134,21 +134,33 @@ async def test_a_trajectory_method_cut_in_its_second_round_keeps_the_one_that_we
     )
 
 
-async def test_tmas_cut_in_its_second_iteration_answers_from_the_first() -> None:
+async def test_tmas_cut_in_its_second_iteration_keeps_the_solution_that_came_back() -> None:
     # n = 2, m = 2: iteration 0 is 2 solutions, 4 verifications, 2 summaries, experience and guideline (10 calls);
-    # iteration 1's first solution is the 11th, its second is refused. The runner keeps iteration 0 and its answer.
+    # iteration 1's first solution is the 11th, its second is refused, and so are the first one's verifications. The
+    # solution that came back is iteration 1's candidate, kept unverified and unscored; the answer is chosen from it.
     result, model = await solve("tmas", {"calls": 11}, n=2, m=2, iterations=2)
     assert by_role(model) == {"solution": 3, "verifier": 4, "summary": 2, "experience": 1, "guideline": 1}
     assert model.calls[-1].role == "solution" and model.calls[-1].key.iteration == 1
-    assert [r.iteration for r in result.iterations] == [0] and result.answer == "391"
-    assert cut_note(result) == "stopped: budget spent (11 calls of a budget of 11) in iteration 1"
+    assert [r.iteration for r in result.iterations] == [0, 1] and result.answer == "391"
+    [cut] = result.iterations[1].candidates
+    assert (cut.index, cut.meta.unverified, cut.score, cut.meta.verifications) == (0, True, None, None)
+    assert result.iterations[1].selection is not None
+    assert (result.iterations[1].selection.iteration, result.iterations[1].selection.candidate) == (1, 0)
+    assert result.text == cut.text and result.stopped_reason == "budget" and result.status == "done"
+    assert (
+        cut_note(result)
+        == "stopped: budget spent (11 calls of a budget of 11) in iteration 1; 1 of 2 candidates finished"
+    )
+    assert "candidate 0: the budget stopped its verifications before any came back; unscored" in (
+        result.iterations[1].notes
+    )
 
 
 # A verification that passes the solution: every one scores 1, so a score over the ones that came back reads 1.0.
 PASS = Rule(role="verifier", replies=["## Analysis\nEvery step checks out.\n\n## Score\nScore: 1"])
 
 
-@pytest.mark.parametrize("method", ["verify_refine"])
+@pytest.mark.parametrize("method", ["tmas", "verify_refine"])
 async def test_a_candidate_is_scored_from_the_verifications_that_came_back_before_the_stop(method: str) -> None:
     # n = 1, m = 2, 2 calls: the solution, then its first verification; the second is refused. The candidate is scored
     # from the one that came back (1.0; counted with the refused one as 0 it would read 0.5, unscored None), and
@@ -161,6 +173,45 @@ async def test_a_candidate_is_scored_from_the_verifications_that_came_back_befor
     assert candidate.score == 1.0 and not candidate.meta.unverified
     assert [(v.score, v.call_id) for v in candidate.meta.verifications or []] == [(1.0, model.calls[1].reply.call_id)]
     assert "candidate 0: 1 of 2 verifications came back before the budget stop; scored from them" in record.notes
+
+
+async def test_tmas_cut_mid_iteration_selects_among_its_candidates_and_stores_them(tmp_path: Path) -> None:
+    # n = 2, m = 1, 3 iterations: iteration 0 is 8 calls (2 solutions, 2 verifications, 2 summaries, the two memory
+    # calls). In iteration 1 both solutions go (9, 10), then candidate 0's verification (11); candidate 1's is refused,
+    # and so is candidate 0's summary. The stored record holds both candidates, as the result does: candidate 0 scored
+    # from its verification, candidate 1 unscored; the answer is candidate 0's, chosen among them.
+    settings = scripted_settings(
+        method={"name": "tmas", "params": {"n": 2, "m": 1, "iterations": 3}}, budget={"calls": 11}
+    )
+    model = ScriptedModel(SimScript(rules=[PASS]), settings)
+    problem = Problem(problem_id="q", question="What is 17*23?")
+    solver = create_method("tmas", settings.method.params)
+    with RunStore(tmp_path / "run") as store:
+        store.add_problems([problem])
+        session = ProblemSession(problem, model, store, budget=settings.budget, params=solver.params)
+        result = await solve_one(solver, session)
+        stored = store.iterations("q")
+    assert [c.role for c in model.calls[8:]] == ["solution", "solution", "verifier"]
+    assert [r.iteration for r in stored] == [r.iteration for r in result.iterations] == [0, 1]
+    cut = stored[1]
+    assert cut.model_dump() == result.iterations[1].model_dump()
+    assert [(c.index, c.score, c.meta.unverified) for c in cut.candidates] == [(0, 1.0, None), (1, None, True)]
+    assert cut.candidates[0].meta.summary is None
+    assert cut.selection is not None and (cut.selection.iteration, cut.selection.candidate) == (1, 0)
+    assert (result.answer, result.text) == (cut.selected, cut.candidates[0].text)
+    assert cut.state["experience_update"] == cut.state["guideline_update"] == {"status": "skipped"}
+    assert "stopped: budget spent (11 calls of a budget of 11) in iteration 1; 2 of 2 candidates finished" in cut.notes
+
+
+async def test_a_tmas_problem_its_budget_stopped_keeps_the_counters_of_its_finished_iterations() -> None:
+    # n = 1, m = 1: iteration 0's verification fails (its summary is then built from the scores, with no call): the
+    # solution, the verification and the two memory calls. The budget of 4 calls refuses iteration 1's solution. The
+    # failed verification of the finished iteration still counts, beside the stop.
+    failing = SimScript(rules=[Rule(role="verifier", fault="http_400", times=1)])
+    result, model = await solve("tmas", {"calls": 4}, failing, n=1, m=1, iterations=3)
+    assert [c.role for c in model.calls] == ["solution", "verifier", "experience", "guideline"]
+    assert result.stopped_reason == "budget" and [r.iteration for r in result.iterations] == [0]
+    assert result.counters == {"budget_stops": 1, "verification_failed": 1}
 
 
 async def test_tmas_token_budget_past_its_verifications_skips_the_memory_update() -> None:

@@ -1326,14 +1326,24 @@ def test_a_mattrl_round_shows_the_specialist_that_did_not_speak(tmp_path: Path) 
     ]
 
 
+class _BrokenVerifier(ScriptedModel):
+    """A scripted model whose verifier calls raise an error no method expects (a bug): the problem fails."""
+
+    async def chat(self, role: str, messages: Any, **kwargs: Any) -> Completion:
+        if role == "verifier":
+            raise RuntimeError("the verifier broke")
+        return await super().chat(role, messages, **kwargs)
+
+
 def test_a_problem_that_failed_before_an_iteration_finished_shows_the_calls_it_made(tmp_path: Path) -> None:
-    """A budget of 60 completion tokens is spent by iteration 0's two solutions (35 each): the problem fails with no
-    iteration recorded, and its two calls are listed on its page, each linked."""
+    """Iteration 0's two solutions come back (35 completion tokens each), then its verifications fail with an error no
+    method expects: the problem fails with no iteration recorded, and its two calls are listed on its page, each
+    linked."""
     run_dir = tmp_path / "spent"
     params = {"n": 2, "m": 1, "iterations": 3}
     usage = ScriptedUsage(prompt_tokens=50, completion_tokens=35)
     script = SimScript(rules=[Rule(role="solution", replies=[_solution("391")], usage=usage)])
-    model = ScriptedModel(script, scripted_settings(method__name="tmas", method__params=params, budget__tokens=60))
+    model = _BrokenVerifier(script, scripted_settings(method__name="tmas", method__params=params))
     asyncio.run(scripted_run(model, run_dir, PROBLEMS[:1]))
     with RunStore(run_dir, read_only=True) as store:
         [result] = store.results()
@@ -1350,7 +1360,7 @@ def test_a_problem_that_failed_before_an_iteration_finished_shows_the_calls_it_m
         assert [row.split('">#')[1].split("<")[0] for row in rows] == [str(c) for c in calls]
         cells = [[cell.split("<")[0] for cell in row.split('<td class="num">')[1:]] for row in rows]
         assert cells == [["0", "0", "50", "35"], ["0", "1", "50", "35"]]
-        assert "before any iteration finished" in text.split("Calls of no recorded iteration")[1]
+        assert "RuntimeError: the verifier broke" in text.split("Calls of no recorded iteration")[1]
         assert all(get(f"{viewer.url}/run/{ref.key}/call/{c}")[0] == 200 for c in calls)
 
 

@@ -596,9 +596,9 @@ class ProblemSession:
         recorded unless given), stored again with it.
 
         Every method's budget stop goes through here (:func:`tmas.methods.steps.finish`, the runner's result of a stop
-        a method let through, MATTRL), so the records read the same whichever method ran: a stop that refused a whole
-        iteration leaves no record of that iteration, and the note on the one before is all that shows it. A record
-        that already notes this stop (a method's note on the iteration the budget cut, saying how much of it
+        a method let through, TMAS, MATTRL), so the records read the same whichever method ran: a stop that refused a
+        whole iteration leaves no record of that iteration, and the note on the one before is all that shows it. A
+        record that already notes this stop (a method's note on the iteration the budget cut, saying how much of it
         finished) is left as it is."""
         detail = detail or self.budget_stop or "budget spent"
         result.stopped_reason = BUDGET_STOP

@@ -4,11 +4,12 @@ record), the closing of an iteration of a baseline that selects an answer (:func
 baseline's run (:func:`finish`, budget stops included). Which candidate a method returns, with the answer fallback,
 is in selection.py.
 
-A candidate's call that the budget refuses comes back as ``None`` from :func:`solve_call`: a baseline records the
-candidates finished so far and stops, so an equal-compute comparison keeps every token that was spent. TMAS and MATTRL
-raise the stop again: the runner (TMAS) or the method's own round (MATTRL) ends the problem with what finished.
-Whichever ends it, the stop is recorded one way (:meth:`ProblemSession.budget_stopped`): the stop reason, the
-``budget_stops`` counter, and a ``stopped:`` note in the last iteration record.
+A candidate's call that the budget refuses comes back as ``None`` from :func:`solve_call`: a baseline and TMAS record
+the candidates finished so far (each scored from the verifications that came back:
+:func:`tmas.methods.base.gather_finished`) and stop, so an equal-compute comparison keeps every token that was spent.
+MATTRL raises the stop again: the method's own round ends the problem with what finished; the runner ends one whose
+method let the stop through. Whichever ends it, the stop is recorded one way (:meth:`ProblemSession.budget_stopped`):
+the stop reason, the ``budget_stops`` counter, and a ``stopped:`` note in the last iteration record.
 """
 
 from __future__ import annotations

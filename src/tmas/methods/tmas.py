@@ -39,7 +39,12 @@ asked again once; a solution that echoes twice gives no answer and no rollout, a
 instead, and echoing bank items are dropped (from the first reply, when the retry failed or is unreadable). Each case
 is noted (with the raw reply) in the iteration record and counted in ``ProblemResult.counters``. A solution prompt a
 candidate index sends again (the plain prompt after an iteration that left no rollout) goes with a new seed where one is
-configured (``tmas.methods.reasked``). Resume needs no
+configured (``tmas.methods.reasked``).
+
+A budget stop (``BudgetExhausted``) ends the problem with what finished: the iteration it cut short is recorded with
+the candidates whose solutions came back, each scored from the verifications that came back (kept unverified and
+unscored where the stop refused them all), with no summary or memory update, and the answer is chosen among them as
+after a last iteration; a stop that refused every solution call of an iteration leaves no record of it. Resume needs no
 state of its own: every call is replayed from the run store, and every draw depends only on the run seed, so
 re-running reaches the same state.
 """
@@ -90,6 +95,7 @@ from tmas.methods.base import (
     ProblemResult,
     ProblemSession,
     gather_all,
+    gather_finished,
     gather_pair,
 )
 from tmas.methods.call_count import CallCount, asked_again, count_calls
@@ -97,7 +103,15 @@ from tmas.methods.confidence_params import note_missing_confidence
 from tmas.methods.echo_retry import GuardedReply, chat_guarded, reply_to_read
 from tmas.methods.reasked import Reasked
 from tmas.methods.state import EarlyStop, MethodState, TMASState
-from tmas.methods.steps import Anomaly, Chosen, fallback_note, select_answer, solution_anomalies, solve_call
+from tmas.methods.steps import (
+    Anomaly,
+    Chosen,
+    budget_note,
+    fallback_note,
+    select_answer,
+    solution_anomalies,
+    solve_call,
+)
 from tmas.methods.tmas_params import TMAS_ROLES, TMASParams
 from tmas.methods.training_prompts import IterationPrompts, Rendering
 from tmas.methods.traits import Traits
@@ -249,6 +263,8 @@ class TMAS(Method[TMASParams]):
         totals: Counter[str] = Counter()
         streak = 0
         stopped: str | None = None
+        # What a budget stop spent against what limit, once one came: the problem ends with what finished.
+        budget: str | None = None
         for t in range(p.iterations):  # line 3
             session.begin_iteration(t)
             log = IterationLog()
@@ -260,27 +276,41 @@ class TMAS(Method[TMASParams]):
             # Each candidate's calls are chain i (in their keys): on a pinned server slot they run back to back, so
             # each finds the previous one's prompt in the slot's cache; across replicas they keep to one
             # (tmas.llm.lanes). The chain ends when its rollout does, however it ends.
-            outcomes = await gather_all(
+            finished = await gather_all(
                 self._chained_rollout(session, i, plan, log, asked, summarize=not last) for i in range(p.n)
             )
+            # A budget stop cuts the iteration short: it keeps the candidates that finished (finished work is never
+            # lost), and the problem ends with it below; one that refused every solution call leaves no iteration.
+            cut = session.budget_stop
+            outcomes = [o for o in finished if o is not None]
+            if cut is not None and not outcomes:
+                if not session.records:
+                    raise BudgetExhausted(cut)  # nothing finished: the runner records the problem as failed
+                budget = cut
+                break
             rollouts = [o.rollout for o in outcomes if o.rollout is not None]  # line 18: R_t
             candidates = [o.candidate for o in outcomes]
             if p.asks_confidence(p.select) and note_missing_confidence(session, candidates, log.notes):
                 log.anomalies["confidence_missing"] += 1
-            streak, settled = self._early_stop(t, candidates, streak)
+            settled = None
+            if cut is None:
+                streak, settled = self._early_stop(t, candidates, streak)
             if settled is not None:
                 stopped = SETTLED
                 log.notes.append(f"early stop: {settled.reason}; memory update of this iteration skipped")
             elif last:
                 log.notes.append("last iteration: summaries and memory update skipped (skip_final_memory)")
+            elif cut is not None:
+                log.notes.append("the budget stopped the iteration: summaries and memory update skipped")
             # Lines 19-20, unless nothing will read E_t or G_t (the saving early stopping is for).
-            budget_spent: BudgetExhausted | None = None
+            budget = cut
             try:
-                memory = await self._update_memory(session, rollouts, state, log, skip=settled is not None or last)
+                skip = settled is not None or last or cut is not None
+                memory = await self._update_memory(session, rollouts, state, log, skip=skip)
             except BudgetExhausted as spent:
                 # The budget ran out in the memory update: the iteration's candidates stand, as the last
                 # iteration's do without one, and the problem stops with them (below, once they are recorded).
-                budget_spent = spent
+                budget = spent.detail
                 log.notes.append("budget spent during the memory update: the banks stay as they were")
                 memory = await self._update_memory(session, rollouts, state, log, skip=True)
             state = MemoryState(rollouts=rollouts, experience=memory.experience, guideline=memory.guideline)
@@ -290,7 +320,8 @@ class TMAS(Method[TMASParams]):
             totals.update(log.anomalies)
             recorded = TMASState(
                 modes=plan.modes,
-                mean_score=_mean([c.score or 0.0 for c in candidates]),
+                # Over the candidates scored (every one, unless a budget stop left some unscored).
+                mean_score=_mean([c.score for c in candidates if c.score is not None]),
                 agreement=_agreement(candidates, p.mode),
                 experience_bank=memory.experience,
                 guideline_bank=memory.guideline,
@@ -303,15 +334,19 @@ class TMAS(Method[TMASParams]):
                 recorded.early_stop = settled
             if chosen.fallback is not None:
                 recorded.answer_fallback = chosen.fallback
+            if cut is not None:
+                log.notes += budget_note(session, len(candidates), p.n)
             session.end_iteration(
                 candidates, chosen=chosen.candidate, fallback=chosen.fallback, state=recorded, notes=log.notes
             )
-            if budget_spent is not None:
-                raise budget_spent
-            if stopped is not None:
+            if budget is not None or stopped is not None:
                 break
         result = await self._result(session, stopped)
         result.counters = dict(sorted(totals.items()))
+        if budget is not None:
+            # Ended by the budget as every method's stop is recorded, with the anomalies its finished iterations
+            # counted.
+            session.budget_stopped(result, budget)
         return result
 
     async def _update_memory(
@@ -526,7 +561,7 @@ class TMAS(Method[TMASParams]):
         asked: Reasked,
         *,
         summarize: bool,
-    ) -> CandidateOutcome:
+    ) -> CandidateOutcome | None:
         """Candidate i's rollout as chain i of the iteration: its calls carry ``chain=i``, and the chain ends with the
         rollout (also on an error or a cancel)."""
         with session.chain(i):
@@ -542,9 +577,11 @@ class TMAS(Method[TMASParams]):
         asked: Reasked,
         *,
         summarize: bool = True,
-    ) -> CandidateOutcome:
+    ) -> CandidateOutcome | None:
         """Lines 9-16 for candidate i: c_{t,i}, then V_{t,i} (M passes in parallel), then s_{t,i} (unless not
-        ``summarize``: the rollout then has no summary)."""
+        ``summarize``: the rollout then has no summary). Under a budget stop, what finished: None where the budget
+        refused the solution call, else the candidate scored from the verifications that came back (unscored where
+        none did), with no summary."""
         p = self.params
         # Lines 9-12: c_{t,i} = A_sol(x, ...) with the prompt z_{t,i} chose (the shared solution step, methods/steps.py:
         # echo guard, extraction, confidence; the answer reminder only after an exploit or explore prompt). A prompt
@@ -567,8 +604,8 @@ class TMAS(Method[TMASParams]):
         )
         asked.sent(i, "solution", plan.messages[i], candidate)
         if candidate is None:
-            # The budget refused the call: the runner ends the problem with the iterations finished.
-            raise BudgetExhausted(session.budget_stop or "budget spent")
+            # The budget refused the call: no candidate i this iteration, which ends with what finished (solve).
+            return None
         candidate.score = 0.0
         log.record(solution_anomalies(candidate, p.mode))
         if candidate.error is not None:
@@ -584,19 +621,39 @@ class TMAS(Method[TMASParams]):
 
         # Line 14: M independent verification passes, in parallel.
         verifications, records = await self._verify(session, i, text, log)
+        if not records:
+            # The budget stopped every verification: a finished solution all the same, kept unverified and unscored
+            # (the stop ends the problem with this iteration, so no later prompt would show it).
+            meta.unverified = True
+            candidate.score = None
+            log.notes.append(f"candidate {i}: the budget stopped its verifications before any came back; unscored")
+            return CandidateOutcome(candidate, None)
+        if len(records) < p.m:
+            log.notes.append(
+                f"candidate {i}: {len(records)} of {p.m} verifications came back before the budget stop;"
+                " scored from them"
+            )
         meta.verifications = records
         score = _mean([v.effective_score for v in verifications])
         if p.mode == "numeric" and answer is None:
             score = 0.0
         candidate.score = score
-        if not summarize:
-            return CandidateOutcome(candidate, Rollout(index=i, solution=text, summary="", score=score, answer=answer))
+        unsummarized = CandidateOutcome(
+            candidate, Rollout(index=i, solution=text, summary="", score=score, answer=answer)
+        )
+        if not summarize or session.budget_stop is not None:
+            # A budget stop (of this candidate's calls or another's) ends the problem with this iteration: nothing
+            # reads a summary.
+            return unsummarized
 
         # Line 15: s_{t,i} = A_sum(x, c_{t,i}, V_{t,i}): V_{t,i} is what the verifiers wrote; a call that failed wrote
         # nothing, so the summary agent is shown the replies alone (and, where none came back, not asked at all).
         replied = [v for v, record in zip(verifications, records, strict=True) if record.error is None]
         if replied:
-            summary, call_id = await self._summarize(session, i, text, replied, log)
+            try:
+                summary, call_id = await self._summarize(session, i, text, replied, log)
+            except BudgetExhausted:
+                return unsummarized
         else:
             log.notes.append(f"candidate {i}: no verification call came back; summary built from the scores")
             summary, call_id = summary_from_scores(verifications, "no verification call came back"), None
@@ -646,7 +703,8 @@ class TMAS(Method[TMASParams]):
         solution: str,
         log: IterationLog,
     ) -> tuple[list[Verification], list[VerificationRecord]]:
-        """V_{t,i}: M verifications of candidate i, with what each one's record keeps.
+        """V_{t,i}: M verifications of candidate i, with what each one's record keeps; where the budget stopped some,
+        those that came back (none: it stopped them all).
 
         ``verifier_score = "text"`` (the paper): M analyses, each one's "Score:" line parsed. ``"logprob"`` (beyond
         the paper): M short score-first replies, each scored by the expected value of its score token's
@@ -665,13 +723,15 @@ class TMAS(Method[TMASParams]):
             check = verification_prompt(q, solution, p.mode, p.style_of("verifier"))
         # Text scoring only: logprob scores are read from unconstrained tokens (see LLMClient._response_format).
         shape = None if logprob else verification_reply_model(session.max_tokens("verifier"))
-        replies = await gather_all(
+        came_back = await gather_finished(
             session.chat("verifier", check, sample=i * p.m + j, sampling=over, reply_model=shape, chain=i)
             for j in range(p.m)
         )
         verifications: list[Verification] = []
         records: list[VerificationRecord] = []
-        for j, v_reply in enumerate(replies):
+        for j, v_reply in enumerate(came_back):
+            if v_reply is None:
+                continue  # refused by the budget: never asked, so no verification at all
             entry = VerificationRecord(call_id=v_reply.call_id)
             if not v_reply.ok:
                 verification = Verification(feedback="(verification failed)", score=None)
