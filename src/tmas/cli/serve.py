@@ -69,6 +69,7 @@ def serve(
     ] = "defaults",
 ) -> None:
     """Answer /v1/chat/completions with a method: the model name is <method>/<upstream model>."""
+    from tmas.cli import interrupt
     from tmas.runner import check_before_estimate
     from tmas.serve.client_sampling import CLIENT_SAMPLING
     from tmas.serve.launch import ServeOptions, serve
@@ -96,4 +97,16 @@ def serve(
         client_sampling=client_sampling,
         max_request_calls=max_request_calls,
     )
-    asyncio.run(serve(settings, options))
+    try:
+        asyncio.run(serve(settings, options))
+    except interrupt.Stopped as stop:
+        # uvicorn stops on the signal and raises it again; the runs in progress are cancelled then, kept resumable.
+        raise stop.saying(stopped_serving(serve_dir, resume=resume)) from None
+
+
+def stopped_serving(serve_dir: Path, *, resume: bool) -> str:
+    """What a stopped proxy leaves: every request's run, those cut short resumable (their finished calls replayed)."""
+    kept = f"finished work is kept: each request's run is in {serve_dir}; "
+    if resume:
+        return kept + f"started again with --dir {serve_dir}, tmas serve resumes those cut short"
+    return kept + "one cut short resumes when its request is sent again"

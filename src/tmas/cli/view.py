@@ -23,6 +23,7 @@ def view(
     """Show runs, problems, iterations, memory banks and every call, updating live; never writes to a run."""
     import uvicorn
 
+    from tmas.cli import interrupt
     from tmas.serve.launch import check_port, is_loopback
     from tmas.view.app import view_app as build
 
@@ -33,4 +34,12 @@ def view(
     if not is_loopback(host):
         typer.echo(f"tmas view: listening on {host}: anyone who reaches it reads every prompt and reply", err=True)
     typer.echo(f"tmas view: http://{host}:{port}/", err=True)
-    uvicorn.run(build(run_dirs, host=host), host=host, port=port, log_level="warning")
+    try:
+        uvicorn.run(build(run_dirs, host=host), host=host, port=port, log_level="warning")
+    except interrupt.Stopped as stop:
+        # uvicorn stops on the signal, then raises it again: no work was begun that a stop could leave half done.
+        raise stop.saying(STOPPED) from None
+
+
+# The last line's end when a signal stops the viewer (tmas.cli.interrupt).
+STOPPED = "the viewer has stopped (it writes nothing to the runs it shows)"
