@@ -4,7 +4,12 @@ with (one line naming the file and the variable), used by the run, recorded by t
 from __future__ import annotations
 
 import hashlib
+import os
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
 from typer.testing import CliRunner
@@ -16,6 +21,7 @@ from tmas.api import asolve
 from tmas.cli.main import app
 from tmas.config import load_settings
 from tmas.errors import ConfigError
+from tmas.llm.types import Completion, Message
 from tmas.store.run_store import RunStore
 from tmas.testing import ScriptedModel, SimScript, SimServer
 
@@ -100,6 +106,36 @@ async def test_a_run_with_an_overridden_template_sends_it_and_records_its_hash(t
     await asolve("What is 17*23?", model=plain, run_dir=tmp_path / "plain")
     with RunStore(tmp_path / "plain", create=False) as store:
         assert store.get_meta("prompt_overrides") == {}
+
+
+@dataclass
+class EditingModel(ScriptedModel):
+    """A scripted model that, as the first solution call reaches it, writes ``edit`` over the file ``path``: a user
+    editing an override while a run goes on."""
+
+    path: Path | None = None
+    edit: str = ""
+
+    async def chat(self, role: str, messages: Sequence[Message], **kwargs: Any) -> Completion:
+        if role == "solution" and self.path is not None and not self.calls_of("solution"):
+            self.path.write_text(self.edit, encoding="utf-8")
+            os.utime(self.path, (time.time() + 60, time.time() + 60))  # a later mtime, however coarse the clock
+        return await super().chat(role, messages, **kwargs)
+
+
+async def test_a_run_renders_the_overrides_as_its_start_read_them_and_records_their_hash(tmp_path: Path) -> None:
+    # Before, the templates were read again as calls rendered them: a verifier template edited while the run went on
+    # reached its verifier calls, and the run recorded the hash of the text it had checked, not of the text it sent.
+    text = packaged_source("tmas_verify.j2") + f"\n{MARK}\n"
+    path = write(tmp_path / "mine", "tmas_verify.j2", text)
+    params = {"n": 1, "m": 1, "iterations": 1}
+    settings = scripted_settings(method={"name": "tmas", "params": params}, prompts_dir=str(tmp_path / "mine"))
+    model = EditingModel(SimScript(), settings, path=path, edit=text.replace(MARK, "ZQX-EDITED-MEANWHILE"))
+    await asolve("What is 17*23?", model=model, run_dir=tmp_path / "run")
+    [verifier] = [call.messages[-1].content for call in model.calls_of("verifier")]
+    assert MARK in verifier and "ZQX-EDITED-MEANWHILE" not in verifier
+    with RunStore(tmp_path / "run", create=False) as store:
+        assert store.get_meta("prompt_overrides") == {"tmas_verify.j2": hashlib.sha256(text.encode()).hexdigest()}
 
 
 async def test_a_bad_override_stops_a_run_before_its_directory_exists(tmp_path: Path) -> None:

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 from pydantic import ValidationError
 
-from tmas.agents.overrides import Override, check_not_grading, check_overrides
+from tmas.agents.overrides import Override, check_not_grading, check_overrides, sources_of
 from tmas.agents.templates import prompts_from
 from tmas.config import (
     Budget,
@@ -900,7 +900,9 @@ async def run_problems(
     turns = ReplayTurns(store.problems_with_calls())
     # Another process running this directory would send its unfinished problems' calls a second time. A store that
     # prepare_run opened holds the lock already.
-    with nullcontext() if store.holds_lock else RunLock(store.run_dir), prompts_from(settings.prompts_dir):
+    # The prompt overrides as the setup's check read them: what the run renders is what it records (setup.record).
+    prompts = sources_of(setup.overrides) if settings.prompts_dir else None
+    with nullcontext() if store.holds_lock else RunLock(store.run_dir), prompts_from(prompts):
         inputs = pin_inputs(method, store, fingerprint)
         stats = ClientStats()
         log_dir = None if scratch else store.run_dir

@@ -6,8 +6,8 @@ so a typo fails at start with one line naming the file and the variable, not in 
 the role hands its template (the problem, the solutions, the banks) is silently left out. Then each override is
 rendered, through every packaged template that uses it, with sample contexts of the shapes its role passes
 (:mod:`tmas.agents.prompt_samples`), so an attribute the data lacks, a method it has not or a wrong index fails at
-start with one line naming the file and its line, not on every problem of a run. A run records each override's
-SHA-256 (store meta ``prompt_overrides``).
+start with one line naming the file and its line, not on every problem of a run. Each file is read once, by the
+check: a run renders its prompts from that text and records its SHA-256 (store meta ``prompt_overrides``).
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ import jinja2
 from jinja2 import meta, nodes
 
 from tmas.agents.prompt_samples import sample_contexts
-from tmas.agents.templates import environment, packaged_environment
+from tmas.agents.templates import Sources, environment, packaged_environment
 from tmas.errors import ConfigError
 
 SUFFIX = ".j2"
@@ -41,6 +41,8 @@ class Override:
     name: str
     path: Path
     sha256: str
+    # The text as read by the check (once): what the run renders and what its SHA-256 is of.
+    source: str
 
 
 def packaged_names() -> list[str]:
@@ -127,17 +129,24 @@ def check_overrides(prompts_dir: str | Path) -> list[Override]:
     if not folder.is_dir():
         raise ConfigError(f"{folder}: prompts_dir is not a directory")
     known = set(packaged_names())
-    env = environment(folder)
-    overrides: list[Override] = []
+    # Each file read once, here: the checks, the SHA-256 a run records and the run's prompts are all of this text.
+    sources: Sources = {}
     for path in sorted(folder.glob(f"*{SUFFIX}")):
-        name = path.name
-        if name not in known:
-            close = difflib.get_close_matches(name, sorted(known), n=1)
+        if path.name not in known:
+            close = difflib.get_close_matches(path.name, sorted(known), n=1)
             hint = f" (did you mean {close[0]!r}?)" if close else " (see `tmas prompts list`)"
             raise ConfigError(f"{path}: no packaged prompt template of this name{hint}")
         try:
+            sources[path.name] = (path.read_bytes().decode("utf-8"), str(path))
+        except UnicodeDecodeError as exc:
+            raise ConfigError(f"{path}: cannot read it: {type(exc).__name__}: {exc}") from None
+    env = environment(sources)
+    overrides: list[Override] = []
+    for name, (text, filename) in sources.items():
+        path = Path(filename)
+        try:
             used = _variables(env, name)
-        except (jinja2.TemplateNotFound, UnicodeDecodeError) as exc:
+        except jinja2.TemplateNotFound as exc:
             raise ConfigError(f"{path}: cannot read it: {type(exc).__name__}: {exc}") from None
         given = given_variables(name)
         unknown = sorted(used - given)
@@ -152,17 +161,22 @@ def check_overrides(prompts_dir: str | Path) -> list[Override]:
                 f"{path}: missing variable {missing[0]!r}: the packaged template uses {_listed(needed)}"
                 " and so must its override"
             )
-        overrides.append(Override(name, path, hashlib.sha256(path.read_bytes()).hexdigest()))
+        overrides.append(Override(name, path, hashlib.sha256(text.encode()).hexdigest(), text))
     for override in overrides:
         _check_rendering(env, override)
     return overrides
+
+
+def sources_of(overrides: list[Override]) -> Sources:
+    """The templates ``overrides`` read, for :func:`tmas.agents.templates.prompts_from`: rendered as checked."""
+    return {o.name: (o.source, str(o.path)) for o in overrides}
 
 
 def check_not_grading(overrides: list[Override]) -> list[Override]:
     """``overrides``, a one-line :class:`ConfigError` where one changes a template grading renders (an unchanged
     copy, as a folder copied whole holds, changes nothing)."""
     for override in overrides:
-        if override.name in GRADING_TEMPLATES and override.path.read_text() != packaged_source(override.name):
+        if override.name in GRADING_TEMPLATES and override.source != packaged_source(override.name):
             raise ConfigError(
                 f"{override.path}: grading always renders the packaged {override.name} (a run's verdicts are stored"
                 " and reused by its later gradings and reports); take it out of the prompts folder"
@@ -206,5 +220,5 @@ def _listed(names: frozenset[str]) -> str:
 def override_diff(override: Override) -> str:
     """A unified diff from the packaged template to its override."""
     ours = packaged_source(override.name).splitlines(keepends=True)
-    theirs = override.path.read_text(encoding="utf-8").splitlines(keepends=True)
+    theirs = override.source.splitlines(keepends=True)
     return "".join(difflib.unified_diff(ours, theirs, f"packaged/{override.name}", str(override.path)))

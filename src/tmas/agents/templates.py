@@ -19,7 +19,7 @@ Every template follows two rules (tests/test_prompt_audit.py checks both on ever
 from __future__ import annotations
 
 import re
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from contextvars import ContextVar
 from functools import lru_cache
@@ -78,16 +78,44 @@ def packaged_environment() -> jinja2.Environment:
     return jinja2.Environment(loader=jinja2.PackageLoader("tmas.agents", "prompts"), **_OPTIONS)
 
 
-def environment(prompts_dir: str | Path) -> jinja2.Environment:
-    """A new environment in which a template in ``prompts_dir`` replaces the packaged one of the same name, includes
-    as well as top-level ones (rendering as a run does)."""
-    loader = jinja2.ChoiceLoader([jinja2.FileSystemLoader(str(prompts_dir)), packaged_environment().loader])  # type: ignore[list-item]
+# A folder's templates as read once: name -> (text, the file's path). A run renders from what it read at its start, so
+# a template edited while it goes on changes none of its prompts (and the run's record of each override's SHA-256,
+# :mod:`tmas.agents.overrides`, is of the text it rendered).
+Sources = dict[str, tuple[str, str]]
+
+
+def read_folder(prompts_dir: str | Path) -> Sources:
+    """The templates (``*.j2``) of ``prompts_dir``, read now; a file that is not UTF-8 raises UnicodeDecodeError."""
+    folder = Path(prompts_dir)
+    return {path.name: (path.read_bytes().decode("utf-8"), str(path)) for path in sorted(folder.glob("*.j2"))}
+
+
+class _ReadOnce(jinja2.BaseLoader):
+    """Templates from :data:`Sources` read before: never read again, never out of date."""
+
+    def __init__(self, sources: Sources) -> None:
+        self.sources = sources
+
+    def get_source(self, environment: jinja2.Environment, template: str) -> tuple[str, str, Callable[[], bool]]:
+        if template not in self.sources:
+            raise jinja2.TemplateNotFound(template)
+        text, filename = self.sources[template]
+        return text, filename, lambda: True
+
+    def list_templates(self) -> list[str]:
+        return sorted(self.sources)
+
+
+def environment(sources: Sources) -> jinja2.Environment:
+    """A new environment in which each template of ``sources`` (:func:`read_folder`) replaces the packaged one of the
+    same name, includes as well as top-level ones (rendering as a run does)."""
+    loader = jinja2.ChoiceLoader([_ReadOnce(sources), packaged_environment().loader])  # type: ignore[list-item]
     return jinja2.Environment(loader=loader, **_OPTIONS)
 
 
 @lru_cache(maxsize=8)
-def _overridden_environment(prompts_dir: str) -> jinja2.Environment:
-    return environment(prompts_dir)
+def _overridden_environment(sources: frozenset[tuple[str, tuple[str, str]]]) -> jinja2.Environment:
+    return environment(dict(sources))
 
 
 # The environment of the run in progress: a context variable, so concurrent runs in one process (tmas serve) and
@@ -100,10 +128,15 @@ def _environment() -> jinja2.Environment:
 
 
 @contextmanager
-def prompts_from(prompts_dir: str | Path | None) -> Iterator[None]:
-    """Within the block, templates in ``prompts_dir`` replace the packaged ones of the same name (None: none do).
-    Check them first with :func:`tmas.agents.overrides.check_overrides`."""
-    env = _overridden_environment(str(Path(prompts_dir).resolve())) if prompts_dir is not None else None
+def prompts_from(prompts: str | Path | Sources | None) -> Iterator[None]:
+    """Within the block, templates replace the packaged ones of the same name: those of a folder, read as the block
+    begins, or ``Sources`` read before (those a run's checks read: :class:`tmas.agents.overrides.Override`); None:
+    none do. Check them first with :func:`tmas.agents.overrides.check_overrides`."""
+    if prompts is None:
+        env = None
+    else:
+        sources = prompts if isinstance(prompts, dict) else read_folder(prompts)
+        env = _overridden_environment(frozenset(sources.items()))
     token = _ENVIRONMENT.set(env)
     try:
         yield
