@@ -195,3 +195,24 @@ async def test_the_report_says_where_each_run_lost_its_answers(tmp_path: Path) -
     assert f"| {vr} | 4 | 75.0% (3) | 25.0% (1) | 25.0% (1) | 25.0% (1) |" in part
     assert f"| {vr} | solution | 8 | 12.5% (1) | 12.5% (1) |" in part
     assert f"| {vr} | verifier | 16 | 0.0% (0) | 0.0% (0) |" in part
+
+
+def reports_page() -> str:
+    """docs/reports.md with its line breaks read as spaces."""
+    return " ".join((Path(__file__).resolve().parents[1] / "docs" / "reports.md").read_text().split())
+
+
+async def test_docs_reports_md_names_each_table_of_a_report_as_the_report_titles_it(tmp_path: Path) -> None:
+    # Before, the page named the selection table "Accuracy of every selection rule" (the report titles it "Accuracy
+    # (%) of every selection rule, from the stored scores"), and the frontier's, the equal-budget, the Pass@1, the
+    # cost and the ROC tables by names of its own: a reader could not find them in a report by their titles.
+    from test_where_lost import verify_refine_run
+
+    await verify_refine_run(tmp_path / "vr")
+    await build_report([tmp_path / "vr"], tmp_path / "report", GradeConfig(mode="rules"), None)
+    lines = (tmp_path / "report" / "report.md").read_text().splitlines()
+    titles = [line.lstrip("#").strip() for line in lines if line.startswith("## ") or line.startswith("###")]
+    titles = [title for title in titles if not title.startswith(("Benchmark: ", "Run: "))]
+    assert len(titles) >= 10
+    page = reports_page()
+    assert [title for title in titles if f'"{title}"' not in page and f"**{title}**" not in page] == []
