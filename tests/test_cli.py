@@ -530,3 +530,15 @@ def test_a_sweep_point_whose_endpoint_goes_says_to_continue_the_sweep(sim: SimSe
     # The sweep's own command goes on with every point (the point's run alone would leave the rest and the report).
     assert dead in last and "tmas run --resume" not in last
     assert last.endswith(f"continue with 'tmas sweep --resume {out} --grade rules --judge-runs 2'")
+
+
+def test_a_problem_file_read_from_a_pipe_is_read_once(tmp_path: Path) -> None:
+    # Before, tmas run read the file twice, to count its problems for the estimate and then to store them: a pipe
+    # (/dev/stdin, a shell's <(...)) had nothing left the second time, and the run failed with 'no problems given
+    # (empty problem file?)' after its estimate had counted them.
+    lines = [json.dumps({"problem_id": f"p{i}", "question": f"What is {i + 2}*7?"}) for i in range(3)]
+    with SimServer(SimScript()) as sim:
+        args = ["run", "/dev/stdin", "-o", str(tmp_path / "run"), "-m", "cot", "--base-url", sim.base_url, "--yes"]
+        done = run_tmas(*args, stdin="\n".join(lines) + "\n", text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout)["done"] == 3

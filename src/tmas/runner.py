@@ -726,11 +726,18 @@ def _shown(value: Any) -> str:
 
 
 def open_new_run(
-    run_dir: Path, settings: Settings, problems: str | Path, *, limit: int | None = None, own_model: bool = False
+    run_dir: Path,
+    settings: Settings,
+    problems: str | Path,
+    *,
+    limit: int | None = None,
+    own_model: bool = False,
+    read: Iterable[Problem] | None = None,
 ) -> tuple[RunStore, Settings, StoredProblems]:
     """A new run in ``run_dir`` of the problems in a JSONL file or a benchmark name (the first ``limit``): the
-    problems are streamed into the store, which records the benchmark name that reports group runs by."""
-    reader = iter_problems(resolve_dataset(Path(problems)))
+    problems are streamed into the store, which records the benchmark name that reports group runs by. ``read``:
+    the file's problems, read already (from a pipe, which cannot be read twice)."""
+    reader = iter(read) if read is not None else iter_problems(resolve_dataset(Path(problems)))
     todo = islice(reader, limit) if limit else reader
     store, settings, stored = prepare_run(run_dir, settings, todo, resume=False, own_model=own_model)
     store.set_meta("dataset", dataset_name(Path(problems)))

@@ -276,7 +276,11 @@ def _new_run(
     check_before_estimate(settings, origin)
     source = resolve_dataset(problems)
     reader = islice(iter_problems(source), limit) if limit else iter_problems(source)
-    # A pilot runs on the first problems; otherwise only their count matters (a big file is not held).
+    # A pipe (/dev/stdin, a shell's <(...)) is read once: its problems are held for the run. A file is read again
+    # to store them, so a big one is not held.
+    held = None if source.is_file() else list(reader)
+    reader = iter(held) if held is not None else reader
+    # A pilot runs on the first problems; otherwise only their count matters.
     listed = list(reader) if estimate.pilot is not None else sum(1 for _ in reader)
     if not listed:
         # Said of the file, before an estimate of nothing (which a dry run would end on) or a check of the endpoint.
@@ -286,7 +290,7 @@ def _new_run(
     gate(planned, estimate)
     check_endpoint(settings)  # nothing listening, or no /v1: said before the run directory is made
     # Streamed into the store (a bad line anywhere stops before any call and leaves no run behind).
-    store, settings, todo = open_new_run(out, settings, problems, limit=limit)
+    store, settings, todo = open_new_run(out, settings, problems, limit=limit, read=held)
     return _execute(store, settings, todo)
 
 
