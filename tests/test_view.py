@@ -1071,21 +1071,22 @@ def test_every_token_figure_says_whether_it_counts_completion_tokens_or_prompt_a
 
 
 def test_a_problems_cost_counts_the_calls_no_finished_iteration_holds(tmp_path: Path) -> None:
-    """Every call reports 100 prompt and 30 completion tokens. Under a budget of 3 calls, TMAS (n=2, m=1: 8 calls an
-    iteration) fails each problem before its first iteration finished, 3 calls spent; under 10 calls it finishes
-    iteration 0 and makes 2 calls of iteration 1 that no record holds: 10 calls. The pages count what each problem
-    spent, as tmas report's cost table and frontier do: 3 calls, 90 completion and 390 prompt + completion tokens;
-    10 calls, 300 and 1300."""
+    """Every call reports 100 prompt and 30 completion tokens. TMAS (n=2, m=1: 8 calls an iteration) whose verifier
+    breaks fails each problem after iteration 0's 2 solutions, which no record holds; under a budget of 10 calls it
+    finishes iteration 0 and iteration 1's 2 solutions, cut short: 10 calls. The pages count what each problem spent,
+    as tmas report's cost table and frontier do: 2 calls, 60 completion and 260 prompt + completion tokens; 10 calls,
+    300 and 1300."""
     thirty = SimScript(rules=[Rule(usage=ScriptedUsage(prompt_tokens=100, completion_tokens=30))])
     runs = tmp_path / "runs"
     tmas = {"name": "tmas", "params": {"n": 2, "m": 1, "iterations": 5}}
-    for name, calls in (("failed", 3), ("cut", 10)):
-        model = ScriptedModel(thirty, scripted_settings(method=tmas, budget={"calls": calls}))
-        asyncio.run(scripted_run(model, runs / name, PROBLEMS))
+    broken = _BrokenVerifier(thirty, scripted_settings(method=tmas))
+    asyncio.run(scripted_run(broken, runs / "failed", PROBLEMS))
+    model = ScriptedModel(thirty, scripted_settings(method=tmas, budget={"calls": 10}))
+    asyncio.run(scripted_run(model, runs / "cut", PROBLEMS))
     with RunStore(runs / "failed") as store:
-        assert [(r.status, r.calls, len(r.iterations)) for r in store.results()] == [("failed", 3, 0)] * 2
+        assert [(r.status, r.calls, len(r.iterations)) for r in store.results()] == [("failed", 2, 0)] * 2
     with RunStore(runs / "cut") as store:
-        assert [(r.status, r.calls, len(r.iterations)) for r in store.results()] == [("done", 10, 1)] * 2
+        assert [(r.status, r.calls, len(r.iterations)) for r in store.results()] == [("done", 10, 2)] * 2
     with AppThread(view_app([runs])) as viewer:
         keys = [ref.key for ref in (run_ref_for([runs], runs / name) for name in ("failed", "cut")) if ref]
         compare = get(f"{viewer.url}/compare?run={keys[0]}&run={keys[1]}")
@@ -1093,13 +1094,13 @@ def test_a_problems_cost_counts_the_calls_no_finished_iteration_holds(tmp_path: 
     assert compare[0] == 200 and [status for status, _ in run_pages] == [200, 200]
     page = compare[1].decode()
     rows = page.split('id="compared-runs"')[1].split("</table>")[0].split("<tr>")[2:]
-    assert [row.split('<td class="num">')[3].split("<")[0] for row in rows] == ["90", "300"]
+    assert [row.split('<td class="num">')[3].split("<")[0] for row in rows] == ["60", "300"]
     costs = [" ".join(cell.split()) for cell in page.split('<span class="muted cost">')[1:]]
     assert [cost.split("</span>")[0] for cost in costs] == [
-        "90 completion tokens · 3 calls",
+        "60 completion tokens · 2 calls",
         "300 completion tokens · 10 calls",
     ] * 2
-    for (_, body), (calls, tokens) in zip(run_pages, (("3", "390"), ("10", "1300")), strict=True):
+    for (_, body), (calls, tokens) in zip(run_pages, (("2", "260"), ("10", "1300")), strict=True):
         problems = body.decode().split('id="problems"')[1].split("</table>")[0].split("<tr>")[2:]
         cells = [[cell.split("<")[0] for cell in row.split('<td class="num">')[2:]] for row in problems]
         assert cells == [[calls, tokens]] * 2
