@@ -7,11 +7,16 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
+
 from conftest import settings_for
 from mattrl_runs import hand_worked_transcript, write_run
 from test_pool_build import scripted_rules
 from tmas.agents.overrides import packaged_source
-from tmas.memory.pool import Pool
+from tmas.llm.factory import open_model
+from tmas.memory.embedders import EndpointEmbedder
+from tmas.memory.pool import Pool, PoolError
+from tmas.memory.pool_entry import PoolEntry
 from tmas.planning.pool_build import estimate_build
 from tmas.pool.build import CREDITS_FILE, BuildConfig, build_dir_for, build_pool
 from tmas.pool.outcomes import load_transcripts
@@ -185,3 +190,37 @@ async def test_the_judge_and_summarizer_prompts_come_from_the_users_templates(tm
     }
     assert (summary.judge_calls, summary.summarizer_calls, summary.added) == (12, 2, 2)
     assert (stored, edited) == (14, 0)
+
+
+async def test_a_pool_another_embedding_model_made_is_refused_before_the_judges_first_call_when_no_model_is_named(
+    tmp_path: Path,
+) -> None:
+    run = write_run(tmp_path / "run", [(Problem(problem_id="p1", question="What is 6*7?", answer="42"), TURNS, "42")])
+    pool_path = tmp_path / "pool"
+    with SimServer(SimScript(model="embed-a")) as first:
+        async with open_model(settings_for(first, endpoint__model=None)) as llm:
+            embed = EndpointEmbedder(llm)
+            pool = Pool.create(pool_path, embed.name)
+            await pool.add([PoolEntry(id="e0", action="Split a factor", experience="6*7 is 6*5 + 6*2.")], embed)
+            pool.save()
+    assert Pool.open(pool_path).meta.embedder == "endpoint:embed-a"
+    # The endpoint names no model: only a reply says which one serves the embeddings. Before, the build sent its
+    # 12 judge calls and 2 summaries, and learned the model from the embedding of its new entries, at the end.
+    config = BuildConfig(scheme="difference", grade_mode="rules")
+    with SimServer(SimScript(model="embed-b", rules=scripted_rules())) as second:
+        with pytest.raises(PoolError) as refused:
+            await build_pool([run], pool_path, settings_for(second, endpoint__model=None), config)
+        sent = [r.endpoint for r in second.requests]
+    assert str(refused.value) == (
+        f"{pool_path}: pool built with embedding model 'endpoint:embed-a', "
+        "but the embedding role now gets 'endpoint:embed-b'"
+    )
+    assert sent == ["embeddings"]
+    assert [e.id for e in Pool.open(pool_path).entries] == ["e0"]
+    # The same server's model is the pool's: the build runs, its one check an embedding request of its own.
+    with SimServer(SimScript(model="embed-a", rules=scripted_rules())) as same:
+        summary = await build_pool([run], pool_path, settings_for(same, endpoint__model=None), config)
+        roles = [r.role for r in same.requests if r.endpoint == "chat"]
+    assert (summary.judge_calls, summary.summarizer_calls, summary.added) == (12, 2, 2)
+    assert len(roles) == 14
+    assert Pool.open(pool_path).meta.embedder == "endpoint:embed-a"

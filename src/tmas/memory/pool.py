@@ -201,6 +201,13 @@ class Pool:
             f"but the embedding role now gets {embedder_name!r}"
         )
 
+    async def check_served(self, embed: EmbedFn) -> None:
+        """An error unless the model that embeds now is the one whose vectors the pool holds, by name and dimension:
+        one request, of the pool's first entry's text, for an embedder that knows its model only from a reply (an
+        endpoint role that names none, :data:`UNNAMED`). A pool without entries takes any model."""
+        if self.entries:
+            await self._embed([self.entries[0].text], embed, "pool's first entry")
+
     @staticmethod
     def _read_meta(path: Path, file: Path) -> PoolMeta:
         try:

@@ -47,7 +47,7 @@ from tmas.llm.factory import open_model
 from tmas.llm.model import ChatModel
 from tmas.llm.sampling import resolve_role, retried
 from tmas.llm.types import CallKey, Message
-from tmas.memory.embedders import Embedder, embedder_for
+from tmas.memory.embedders import UNNAMED, Embedder, embedder_for
 from tmas.memory.pool import META, Pool
 from tmas.memory.pool_entry import PoolEntry
 from tmas.pool.credit import (
@@ -450,10 +450,13 @@ async def build_pool(
         store.set_meta(RUNS_META, build_runs(run_dirs))
         async with open_model(settings, store, log_dir=build_dir, model=model) as llm:
             embed = embedder_for(config.embedder, llm)
-            # The embedding model is known once the model is open: a pool another one made is said before the
-            # judge's first call, not after the last summary.
+            # A pool another embedding model made is said before the judge's first call, not after the last summary:
+            # a role that names its model is checked by name; one that names none asks one embedding, whose reply
+            # names the model that serves it.
             if (pool_path / META).exists():
-                Pool.open(pool_path, embed.name)
+                pool = Pool.open(pool_path, embed.name)
+                if embed.name == UNNAMED:
+                    await pool.check_served(embed)
             judge = TurnJudge(llm, retries=config.retries, concurrency=settings.concurrency)
             records = await _credit_turns(judge, case_turns, config, summary, step)
             kept = _select(records, config, case_turns)
