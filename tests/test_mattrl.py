@@ -375,6 +375,30 @@ async def test_a_rewrite_that_changes_the_decisions_own_answer_does_not_replace_
     assert result.answer == "391" and result.iterations[-1].notes[-1].endswith("asked for one rewrite")
 
 
+async def test_a_rewrite_whose_answer_echoes_its_instructions_is_not_the_decision() -> None:
+    # The chair states no answer; the rewrite's tags hold the rewrite prompt's own wording for the answer. Before, the
+    # first decision reply was checked by the echo guard but the rewrite's was not: that wording was the decision.
+    echoed = (
+        "<analysis>\n- tally\n</analysis>\n<final_answer>\nthe reply's final answer alone, on one line\n"
+        "</final_answer>\n<formal_proof>\n17*23\n</formal_proof>"
+    )
+    rules = [
+        Rule(role="specialist", pattern="You are Edge-case auditor", replies=[WRONG]),
+        Rule(role="coordinator", pattern="<team_summary>", replies=["The team has spoken."]),
+        Rule(role="coordinator", pattern="<reply>", replies=[echoed]),
+    ]
+    result, model = await run(rules, iterations=1)
+    record = result.iterations[-1]
+    assert result.answer == "391" and record.selected == "391" and record.state["decision"]["answer"] == "391"
+    assert transcript(result).final_answer == "391"
+    assert record.notes[-2:] == [
+        "decision: the required tags are missing; asked for one rewrite",
+        "decision: unreadable (the rewrite's answer echoed the instructions); the team's majority answer is used",
+    ]
+    # One rewrite pass, as before: the echo is not asked again.
+    assert sum("<reply>" in prompt for prompt in last_user_prompts(model, "coordinator")) == 1
+
+
 async def test_the_decision_and_its_rewrite_are_calls_apart_from_the_team_formations() -> None:
     # Round 0 is the last: the decision and its rewrite share the team formation's role and iteration, and must not
     # share its attempts' sample indices (0 and 1 here: the first reply is unusable, the second forms the team).

@@ -570,10 +570,17 @@ class MATTRL(Method[MATTRLParams]):
         said = finished_lines(reply)
         decision = domain.parse_decision(said) if reply.ok and guarded.echo is None else None
         final = reply
+        rewrite_echoed = False
         if decision is None and reply.ok and said.strip() and guarded.echo is None:
             notes.append("decision: the required tags are missing; asked for one rewrite")
-            final = await session.chat("coordinator", domain.rewrite_prompt(said), sample=_DECISION_SAMPLE + 1)
+            rewrite = domain.rewrite_prompt(said)
+            final = await session.chat("coordinator", rewrite, sample=_DECISION_SAMPLE + 1)
             decision = domain.parse_decision(finished_lines(final)) if final.ok else None
+            # The rewrite's answer is under the echo guard as the reply's was (against its own prompt, where the
+            # reply is data); one that echoes is no decision, and is not asked again: the rewrite is the one pass.
+            if decision is not None and EchoGuard.of(rewrite).echoes_answer(decision.answer):
+                session.tally("coordinator").echo += 1
+                decision, rewrite_echoed = None, True
             # The rewrite keeps the reply's conclusion (B.5: it "preserves mathematical content"): another answer in
             # its tags is one it solved anew, and the answer the reply states stands.
             own = domain.decision_fallback(said)
@@ -592,6 +599,8 @@ class MATTRL(Method[MATTRLParams]):
                 if not said.strip()
                 else f"the rewrite failed: {final.error}"
                 if final.error
+                else "the rewrite's answer echoed the instructions"
+                if rewrite_echoed
                 else "no tags after the rewrite"
                 if decision is None
                 else "its tags hold no answer"
