@@ -15,8 +15,9 @@ from typing import Any
 
 import pytest
 
-from conftest import clean_env, run_tmas, scripted_settings, wait_for
+from conftest import clean_env, eventually, run_tmas, scripted_settings, settings_for, wait_for
 from scripted_runs import scripted_run
+from tmas.api import aresume, arun
 from tmas.problems import Problem
 from tmas.runner import RunState, resume_settings, stored_settings
 from tmas.store.run_store import RunStore
@@ -219,3 +220,102 @@ async def test_resume_with_fewer_iterations_keeps_only_the_iteration_records_of_
         assert [r.iteration for r in result.iterations] == [0, 1]
         assert [r.iteration for r in store.iterations("mult")] == [0, 1]
         assert [r.model_dump() for r in store.iterations("mult")] == [r.model_dump() for r in result.iterations]
+
+
+# N = 2, M = 1: an iteration is 8 calls a problem, the last 4 (no summaries and memory update) unless
+# skip_final_memory is off.
+STOPPED_PARAMS = {"n": 2, "m": 1, "iterations": 3, "epsilon": 0.5}
+KEEP_LAST_MEMORY = {"skip_final_memory": False}
+ONE_AT_A_TIME = {"problems_in_flight": 1}
+ON_VLLM = {"persona": "vllm"}
+
+
+def finished_calls(run_dir: Path) -> Counter[str]:
+    """The requests of the calls the store holds as finished, each as often as it was asked (two candidates that
+    wrote the same solution ask their verifier the same request)."""
+    with RunStore(run_dir, read_only=True) as store:
+        return Counter(
+            sent_key(store.call_messages(c.call_id), store.call_sampling(c.call_id).get("seed"))
+            for c in store.calls()
+            if c.ok and c.call_id is not None
+        )
+
+
+def chat_keys(requests: list[Any]) -> list[str]:
+    """The calls of the chat requests received, one per sample: a request of ``n`` samples (vLLM's batches) draws its
+    choice i with its seed + i, as each is stored."""
+    return [
+        sent_key(r.body["messages"], r.body["seed"] + i)
+        for r in requests
+        if r.endpoint == "chat"
+        for i in range(r.body.get("n", 1))
+    ]
+
+
+@pytest.mark.parametrize(
+    ("stop_after", "params", "server", "settings_extra", "resumed_iterations", "whole_calls"),
+    [
+        *((stop, {}, {}, {}, None, 40) for stop in (1, 13, 30, 37)),
+        # On vLLM the first iteration's solutions and each candidate's verifications go as one request.
+        *((stop, {"m": 2}, ON_VLLM, {}, None, 52) for stop in (3, 20)),
+        *((stop, KEEP_LAST_MEMORY, {}, {}, None, 48) for stop in (40, 45)),
+        (25, {}, {}, ONE_AT_A_TIME, None, 40),
+        # Resumed with more iterations: the stopped run's last iteration is one whose memory update is now needed.
+        *((stop, {}, {}, {}, 4, 56) for stop in (30, 37)),
+        # Resumed with fewer: the memory update the stopped run made of what is now its last iteration is not used.
+        *((stop, {"iterations": 4}, {}, {}, 3, 40) for stop in (30, 45)),
+    ],
+)
+async def test_a_run_stopped_mid_way_and_resumed_sends_exactly_the_calls_the_uninterrupted_run_still_needed(
+    tmp_path: Path,
+    stop_after: int,
+    params: dict[str, Any],
+    server: dict[str, Any],
+    settings_extra: dict[str, Any],
+    resumed_iterations: int | None,
+    whole_calls: int,
+) -> None:
+    problems = tmp_path / "p.jsonl"
+    problems.write_text("".join(json.dumps(p) + "\n" for p in PROBLEMS))
+    stopped = {**STOPPED_PARAMS, **params}
+    target = {**stopped, **({"iterations": resumed_iterations} if resumed_iterations else {})}
+    server = {"accuracy": 0.6, **server}
+    with SimServer(SimScript(**server)) as sim:
+
+        def settings(params: dict[str, Any]) -> Any:
+            method = {"name": "tmas", "params": params}
+            return settings_for(sim, method=method, sampling__seed=3, **settings_extra)
+
+        # The uninterrupted run of the iterations the resumed one ends with.
+        await arun(problems, tmp_path / "whole", settings(target))
+        whole = Counter(chat_keys(sim.requests))
+        assert whole.total() == whole_calls
+        if server.get("persona") == "vllm":
+            assert any(body.get("n") == 2 for body in sim.chat_bodies("verifier"))
+        sim.reset()
+        # The server answers the first stop_after calls and holds the rest; the run is stopped while it waits, its
+        # answered calls stored.
+        sim.set_script(SimScript(**server, hold_after=stop_after))
+        cut = tmp_path / "cut"
+        running = asyncio.create_task(arun(problems, cut, settings(stopped)))
+
+        def answered() -> int:
+            return len(chat_keys([r for r in sim.requests if r.endpoint == "chat"][:stop_after]))
+
+        await eventually(lambda: sim.stats().held > 0 and progress(cut)[1] == answered())
+        running.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await running
+        finished = finished_calls(cut)
+        assert finished.total() == answered() and progress(cut)[2] < len(PROBLEMS)
+        sim.set_script(SimScript(**server))
+        before = len(sim.requests)
+        resumed = {"iterations": resumed_iterations} if resumed_iterations else None
+        summary = await aresume(cut, params=resumed)
+        sent = chat_keys(sim.requests[before:])
+    assert summary.done == len(PROBLEMS)
+    # Every finished call replayed, every other call of the uninterrupted run sent once, and nothing else.
+    assert len(sent) == (whole - finished).total()
+    assert Counter(sent) == whole - finished
+    assert finished_calls(cut) == whole | finished
+    assert final_state(cut) == final_state(tmp_path / "whole")
