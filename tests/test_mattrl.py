@@ -1010,3 +1010,23 @@ async def test_retries_under_a_configured_seed_replay_each_from_its_own_stored_r
     assert again_model.calls == [] and replay.replayed == len(first_model.calls)
     assert again.answer == first.answer == "391"
     assert [r.notes for r in again.iterations] == [r.notes for r in first.iterations]
+
+
+async def test_a_decision_whose_rewrite_the_budget_refused_is_read_from_the_reply_that_came_back() -> None:
+    # S2 and S3 hold 390, the chair's reply (no tags) works out 391; 11 calls: the team, three opinions, six reviews
+    # and the decision, whose rewrite is refused. The reply that came back decides, read as after a failed rewrite
+    # (before, the stop threw it away and the team's majority, 390, was the answer).
+    wrong = Rule(role="specialist", pattern="You are Computation checker|You are Edge-case auditor", replies=[WRONG])
+    chair = Rule(role="coordinator", pattern="<team_summary>", replies=["By hand, 17*23 = 391: \\boxed{391}."])
+    result, model = await run([wrong, chair], settings_extra={"budget": {"calls": 11}}, iterations=1)
+    assert by_role(model) == {"coordinator": 2, "specialist": 3, "reviewer": 6}
+    assert (result.status, result.stopped_reason, result.answer) == ("done", "budget", "391")
+    [record] = result.iterations
+    assert record.selected == "391" and record.state["decision"]["answer"] == "391"
+    decided = [u for u in transcript(result).utterances if u.kind in ("report", "decision")]
+    chair_call = model.calls_of("coordinator")[-1].reply
+    assert [(u.kind, u.call_id) for u in decided] == [("report", chair_call.call_id), ("decision", chair_call.call_id)]
+    assert record.notes[-2:] == [
+        "decision: unreadable (the budget stopped its rewrite); the answer read from its reply is used",
+        "stopped: budget spent (11 calls of a budget of 11) in iteration 0",
+    ]

@@ -570,12 +570,16 @@ class MATTRL(Method[MATTRLParams]):
         said = finished_lines(reply)
         decision = domain.parse_decision(said) if reply.ok and guarded.echo is None else None
         final = reply
-        rewrite_echoed = False
+        rewrite_echoed = refused = False
         if decision is None and reply.ok and said.strip() and guarded.echo is None:
             notes.append("decision: the required tags are missing; asked for one rewrite")
             rewrite = domain.rewrite_prompt(said)
-            final = await session.chat("coordinator", rewrite, sample=_DECISION_SAMPLE + 1)
-            decision = domain.parse_decision(finished_lines(final)) if final.ok else None
+            try:
+                final = await session.chat("coordinator", rewrite, sample=_DECISION_SAMPLE + 1)
+            except BudgetExhausted:
+                # The reply came back and is read as after a failed rewrite; the stop ends the problem with it.
+                refused = talk.stopped = True
+            decision = domain.parse_decision(finished_lines(final)) if final.ok and not refused else None
             # The rewrite's answer is under the echo guard as the reply's was (against its own prompt, where the
             # reply is data); one that echoes is no decision, and is not asked again: the rewrite is the one pass.
             if decision is not None and EchoGuard.of(rewrite).echoes_answer(decision.answer):
@@ -597,6 +601,8 @@ class MATTRL(Method[MATTRLParams]):
                 if guarded.echo
                 else ("empty reply" if not reply.content.strip() else "cut at max_tokens in its first line")
                 if not said.strip()
+                else "the budget stopped its rewrite"
+                if refused
                 else f"the rewrite failed: {final.error}"
                 if final.error
                 else "the rewrite's answer echoed the instructions"
