@@ -1030,3 +1030,25 @@ async def test_a_decision_whose_rewrite_the_budget_refused_is_read_from_the_repl
         "decision: unreadable (the budget stopped its rewrite); the answer read from its reply is used",
         "stopped: budget spent (11 calls of a budget of 11) in iteration 0",
     ]
+
+
+async def test_a_round_whose_every_opinion_the_budget_refused_leaves_no_record() -> None:
+    # Team of 2, S2 slips once: round 0 is the team, two opinions and two reviews (5 calls); S1 is accepted, so round
+    # 1 asks S2 alone, and the budget refuses it. Nothing of round 1 finished: no record of it, as no method records
+    # an iteration the stop refused whole; round 0's record says where the run stopped.
+    slip = Rule(role="specialist", pattern="You are Computation checker", replies=[WRONG], times=1)
+    result, model = await run([slip], settings_extra={"budget": {"calls": 5}}, team_size=2, iterations=3)
+    assert len(model.calls) == 5 and result.stopped_reason == "budget" and result.answer == "391"
+    assert [r.iteration for r in result.iterations] == [0]
+    assert result.iterations[0].notes[-1] == "stopped: budget spent (5 calls of a budget of 5) in iteration 1"
+
+
+async def test_a_specialist_whose_opinion_the_budget_refused_is_noted_as_such() -> None:
+    # Team of 3, 3 calls: the team and two opinions; the third specialist's is refused. It did not speak, and the
+    # record says why (the viewer reads a silent member's reason in the notes).
+    result, model = await run(settings_extra={"budget": {"calls": 3}}, iterations=2)
+    assert by_role(model) == {"coordinator": 1, "specialist": 2}
+    [record] = result.iterations
+    silent = [m["id"] for m in record.state["members"] if m["spoke"] is False]
+    assert len(silent) == 1 and len(record.candidates) == 2
+    assert f"{silent[0]}: the budget refused its opinion call; it did not speak this round" in record.notes

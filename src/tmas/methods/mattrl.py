@@ -380,6 +380,10 @@ class MATTRL(Method[MATTRLParams]):
         except BudgetExhausted:
             # Keep what the round finished; the team's majority stands in for the decision it could not make.
             talk.stopped = last = True
+            if r > 0 and not spoke:
+                # Nothing of the round finished: no record of it, as no method records an iteration the stop refused
+                # whole (the record before says where the run stopped: _result).
+                return last
             notes.append(f"stopped: {session.budget_stop}; the team's majority answer is used")
         candidates = [
             self._candidate(s, *spoke[s.member.id], talk.review.score(reviews.get(s.member.id, [])), r)
@@ -513,7 +517,9 @@ class MATTRL(Method[MATTRLParams]):
         )
         talk.asked.sent(seat.index, "specialist", messages, said)
         if said is None:
-            # The budget refused the call: the round keeps what finished (see _round).
+            # The budget refused the call: the round keeps what finished (see _round), and says why this seat is
+            # silent (not a failed call).
+            notes.append(f"{seat.member.id}: the budget refused its opinion call; it did not speak this round")
             raise BudgetExhausted(session.budget_stop or "budget spent")
         if said.meta.echo_retry:
             notes.append(f"{seat.member.id}: the opinion's {said.meta.echo_retry} echoed the instructions; asked again")
