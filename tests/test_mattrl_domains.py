@@ -639,3 +639,19 @@ async def test_a_single_teacher_teaches_whatever_embedding_model_built_the_unuse
     assert result.status == "done" and result.error is None
     assert [n.split(":")[0] for n in result.notices] == [f"pool={tmp_path / 'pool'} is not used with teaching=single"]
     assert model.embedded == []
+
+
+async def test_a_pretest_the_budget_stopped_the_teaching_after_is_kept_and_answers() -> None:
+    # One call: the pre-test (A, wrong) comes back, the team's formation is refused. The pre-test is the case's answer
+    # until a post-test gives another (each teaching round's record selects it): kept, not lost with a failed case.
+    problem = Problem(problem_id="q1", question=QUESTION, answer="B", metadata=METADATA)
+    result, model = await run_scripted(
+        "mattrl", question=problem, domain="education", iterations=2, settings={"budget": {"calls": 1}}
+    )
+    assert by_role(model) == {"student": 1}
+    assert (result.status, result.stopped_reason, result.answer) == ("done", "budget", "A")
+    [record] = result.iterations
+    assert record.selected == "A" and [c.meta.stage for c in record.candidates] == ["pre-test"]
+    assert (record.state["pre"], record.state["pre_correct"]) == ("A", False)
+    assert result.text == model.calls[0].reply.content
+    assert record.notes[-1] == "stopped: budget spent (1 calls of a budget of 1) in iteration 0"

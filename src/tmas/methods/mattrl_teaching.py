@@ -33,7 +33,14 @@ from tmas.agents.mattrl_teaching import (
 from tmas.llm.types import Completion
 from tmas.memory.pool_entry import PoolEntry
 from tmas.memory.transcript import TeamMember, Transcript, Utterance
-from tmas.methods.base import Candidate, CandidateMeta, ProblemResult, ProblemSession, gather_all
+from tmas.methods.base import (
+    BudgetExhausted,
+    Candidate,
+    CandidateMeta,
+    ProblemResult,
+    ProblemSession,
+    gather_all,
+)
 from tmas.methods.echo_retry import chat_guarded
 from tmas.methods.state import MATTRLState
 
@@ -121,7 +128,15 @@ async def teach(
         state.post, state.post_correct, state.skipped = pre_letter, state.pre_correct, True
         session.end_iteration(candidates, selected=pre_letter, state=state, notes=notes)
         return session.result(name, answer=pre_letter, text=pre.content)
-    members = await form_team(session, notes) if team else []
+    try:
+        members = await form_team(session, notes) if team else []
+    except BudgetExhausted:
+        # The pre-test came back: it is the case's answer until a post-test gives another, as every round's record
+        # says, so the case ends with it rather than failing.
+        session.end_iteration(candidates, selected=pre_letter, state=state, notes=notes)
+        result = session.result(name, answer=pre_letter, text=pre.content)
+        session.budget_stopped(result)
+        return result
     # The single teacher is seat S1 of a team of one, so experience construction reads both modes alike.
     transcript.team = members or [TeamMember(id="S1", specialty="Teacher", role="single teacher", leader=True)]
     session.end_iteration(candidates, selected=pre_letter, state=state, notes=notes)
