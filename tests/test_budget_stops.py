@@ -111,6 +111,9 @@ async def test_rse_cut_at_its_distillation_keeps_the_iterations_samples() -> Non
         cut_note(result)
         == "stopped: budget spent (3 calls of a budget of 3) in iteration 0; 2 of 2 candidates finished"
     )
+    # The distillation that came back is in the bank; the record says the other was refused, not that it failed.
+    assert result.iterations[0].state["distill"]["distilled"] == 1
+    assert "1 of 2 distillations came back before the budget stop; the bank takes theirs" in result.iterations[0].notes
 
 
 @pytest.mark.parametrize(

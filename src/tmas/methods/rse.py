@@ -223,6 +223,8 @@ class RSE(Method[RSEParams]):
                 return str(exc)
             return None
 
+        refused: list[int] = []  # the trajectories whose distillation the budget refused
+
         async def one(c: Candidate) -> Distillation | None:
             messages = distill_prompt(q, c.text, p.items_per_trajectory)
             guard = EchoGuard.of(messages)
@@ -240,6 +242,7 @@ class RSE(Method[RSEParams]):
                     session, "distiller", messages, echo_of, sample=c.index, reply_model=shape, attempt=attempt
                 )
             except BudgetExhausted:
+                refused.append(c.index)
                 return None
             asked.add(c.index, "distiller", messages, 1 if guarded.echoed is None else 2)
             if guarded.first_echo is not None:
@@ -273,6 +276,11 @@ class RSE(Method[RSEParams]):
             if c.error is None and not c.text.strip()
         ]
         found = [d for d in await gather_all(one(c) for c in attempts) if d is not None]
+        if refused:
+            notes.append(
+                f"{len(attempts) - len(refused)} of {len(attempts)} distillations came back before the budget stop;"
+                " the bank takes theirs"
+            )
         merge = Merge()
         new = bank.model_copy(deep=True)
         for kind in KINDS:
