@@ -116,6 +116,21 @@ async def test_the_grading_rules_merge_symbolic_spellings() -> None:
     assert len(set(classes.values())) == 3
 
 
+async def test_votes_keep_letters_apart_by_case_as_grading_does() -> None:
+    # Math-Verify lowercases letters: "A - 3a", "-2a" and "a - 3A" were one answer to the vote, so wrong answers
+    # counted as votes for the right one.
+    pytest.importorskip("math_verify")
+    from tmas.answer_rules import RuleEquivalence
+
+    equivalence = RuleEquivalence()
+    try:
+        classes = await answer_classes(["A - 3a", "-2a", "a - 3A", "-3a + A"], equivalence)
+    finally:
+        await equivalence.aclose()
+    assert classes["-3a + A"] == classes["A - 3a"]
+    assert len({classes["A - 3a"], classes["-2a"], classes["a - 3A"]}) == 3
+
+
 async def test_the_event_loop_goes_on_while_the_rules_worker_stops() -> None:
     # A run cancelled in its first check (a tmas serve client gone) stops a worker still starting, which takes
     # seconds; the other runs on the event loop (the proxy's other requests) must go on meanwhile.

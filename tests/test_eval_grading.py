@@ -416,3 +416,20 @@ async def test_verdicts_a_judge_outage_left_undecided_are_asked_again(tmp_path: 
     third = _judge('{"reasoning": "r", "equivalent": false}')
     assert (await grade_run(store, config, None, model=third)).verdicts == again.verdicts and third.calls == []
     store.close()
+
+
+def test_letters_differing_only_in_case_are_different_unknowns() -> None:
+    # Math-Verify lowercases every letter it reads: the reference "A - 3a" was -2a to it, so "-2a", "-2A" and the
+    # swapped "a - 3A" were all right, and "q^3/(2Q^3)" equalled 1/2.
+    for wrong in ("-2a", "-2A", "a - 3A", "A - 3A"):
+        assert check_pair("A - 3a", wrong).correct is not True, wrong
+    assert check_pair("q^3 : (2Q^3)", "1 : 2").correct is not True
+    assert check_pair("q^3 : (2Q^3)", "q : (2Q)").correct is not True
+    assert check_pair("\\frac{K}{k}", "1").correct is not True
+    # The same answer in another form is still right, upper-case letters kept apart from lower-case ones.
+    assert check_pair("A - 3a", "-3a + A").correct is True
+    assert check_pair("\\frac{A^2 + Aa}{A}", "A + a").correct is True
+    assert check_pair("q^3 : (2Q^3)", "\\frac{q^3}{2Q^3}").correct is True
+    # Where neither answer writes a letter in both cases, case does not count (as Math-Verify reads it).
+    assert check_pair("\\text{Yes}", "\\text{yes}").correct is True
+    assert check_pair("\\mathbb{R}", "\\mathbb{R}").correct is True

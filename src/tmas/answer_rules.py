@@ -100,6 +100,16 @@ _BARE_LETTER = re.compile(r"(?<![\\A-Za-z])[A-Za-z]")
 _SCIENTIFIC = re.compile(r"(?<![\w.\\])(\d+(?:\.\d+)?)e([+-]?\d+)(?![\w.])")
 # Scientific notation up to this power of ten is written out in digits.
 _MAX_WRITTEN_EXPONENT = 100
+# What Math-Verify reads as a letter, where case counts: a letter outside command names, escaped signs, and the braces
+# of text and fonts ("\\mathbb{R}" is a set, "\\text{No}" a word).
+_CASED_LETTER = re.compile(
+    r"(\\(?:text\w*|math\w*|operatorname|mbox|begin|end)\s*\{[^{}]*\}|\\[A-Za-z]+|\\.)|([A-Za-z])"
+)
+# The Greek letters an upper-case letter is written as where case must count: none is a constant to Math-Verify.
+_STAND_INS = (
+    "alpha", "beta", "gamma", "delta", "zeta", "eta", "theta", "iota", "kappa",
+    "mu", "nu", "xi", "sigma", "tau", "upsilon", "chi", "psi", "omega",
+)  # fmt: skip
 # Bounds on the numbers the exact check builds: beyond them it leaves the verdict to Math-Verify.
 _MAX_EXACT_BITS = 1 << 22
 _MAX_EXACT_ARGUMENT = 100_000
@@ -185,6 +195,30 @@ def _trim(piece: str) -> str:
             return piece
 
 
+def _letters(text: str) -> set[str]:
+    return {m.group(2) for m in _CASED_LETTER.finditer(text) if m.group(2)}
+
+
+def _case_apart(gold: str, pred: str) -> tuple[str, str] | None:
+    """``gold`` and ``pred`` with each upper-case letter written as a Greek letter neither uses, where either of them
+    writes a letter in both cases ("R - 2r"): Math-Verify lowercases every letter it reads, so the circumradius R and
+    the inradius r would be one unknown ("R - 2r" equal to "-r"). Elsewhere they are returned as they are (case does
+    not count: "Yes" is "yes"); None where there are not enough Greek letters to go round."""
+    letters = [_letters(gold), _letters(pred)]
+    if not any(c.isupper() and c.lower() in found for found in letters for c in found):
+        return gold, pred
+    upper = sorted({c for found in letters for c in found if c.isupper()})
+    free = [g for g in _STAND_INS if not re.search(rf"\\{g}(?![A-Za-z])", gold + " " + pred)]
+    if len(free) < len(upper):
+        return None
+    names = dict(zip(upper, free, strict=False))
+
+    def rename(text: str) -> str:
+        return _CASED_LETTER.sub(lambda m: f"\\{names[m.group(2)]} " if m.group(2) in names else m.group(), text)
+
+    return rename(gold), rename(pred)
+
+
 def check_pair(gold: str, pred: str, timeout_s: int | None = 5, any_order: bool = False) -> RuleVerdict:
     """Compare one pair (gold first: Math-Verify's ``verify`` is asymmetric). Runs in a worker process or any main
     thread (``timeout_s`` None runs without Math-Verify's timeouts, unbounded: from another thread call
@@ -207,10 +241,14 @@ def check_pair(gold: str, pred: str, timeout_s: int | None = 5, any_order: bool 
         return RuleVerdict(
             None, "reference of digits with leading zeros: only the same digits are checked by the rules"
         )
+    # Letters ending the answer are a unit only where the reference is a number ("12 cm" for 12).
+    unknowns = _has_unknowns(gold)
+    apart = _case_apart(gold, pred)
+    if apart is None:
+        return RuleVerdict(None, "too many letters written in both cases to tell apart")
+    gold, pred = apart
     try:
         gold_parsed = parse(_wrap(gold), parsing_timeout=timeout_s)
-        # Letters ending the answer are a unit only where the reference is a number ("12 cm" for 12).
-        unknowns = _has_unknowns(gold)
         offered = _distinct(alternatives(_clean(pred)), timeout_s, unknowns)
         pred_parsed = parse(_wrap(", ".join(offered), unknowns), parsing_timeout=timeout_s)
     except Exception as exc:  # Math-Verify raises on odd input; that is "cannot decide", not a crash
