@@ -228,6 +228,26 @@ def test_scientific_notation_against_a_number_is_not_eulers_number() -> None:
     assert check_pair("2e-1", "0.2").correct is not True
 
 
+def test_a_decimal_times_a_power_of_ten_keeps_all_its_digits() -> None:
+    # Math-Verify reads the decimal as a float, whose product with the power missed the integer: "1.23456789 \\times
+    # 10^{8}" was a "different number" from 123456789, which it is.
+    for pred in (
+        "1.23456789 \\times 10^{8}",
+        "1.23456789 \\cdot 10^8",
+        "1.23456789\\times10^{8}",
+        "1.23456789 × 10^{8}",
+    ):
+        assert check_pair("123456789", pred).correct is True, pred
+        assert check_pair(pred, "123456789").correct is True, pred
+    assert check_pair("0.000123456789", "1.23456789 \\times 10^{-4}").correct is True
+    assert check_pair("123456789 \\cdot 10^{400}", "1.23456789 \\times 10^{408}").correct is True
+    assert check_pair("123456789", "1.23456788 \\times 10^{8}").correct is False
+    assert check_pair("123456789", "1.23 \\times 10^{8}").correct is False
+    assert check_pair("123456789", "1.23456789 \\times 10^{7}").correct is False
+    # A division before it binds first: 1/2.5 \\times 10^{2} is (1/2.5) \\times 100.
+    assert check_pair("40", "1/2.5 \\times 10^{2}").correct is True
+
+
 def test_a_comparison_that_runs_out_of_time_is_undecided_not_different() -> None:
     # Math-Verify answers "not equal" for a comparison it stopped at its time limit: that read as "different numbers".
     verdict = check_pair("2", "10^{10^{10}} - 10^{10^{10}} + 2", timeout_s=1)

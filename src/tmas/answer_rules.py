@@ -98,6 +98,13 @@ _PLAIN_QUANTITY = re.compile(r"[+-]?[\d.,{}\s]+")
 _BARE_LETTER = re.compile(r"(?<![\\A-Za-z])[A-Za-z]")
 # A number in scientific notation as programs print it ("1e-05", "6.02e23"): Math-Verify reads a small "e" as Euler's.
 _SCIENTIFIC = re.compile(r"(?<![\w.\\])(\d+(?:\.\d+)?)e([+-]?\d+)(?![\w.])")
+# A decimal times a power of ten ("1.5 \\times 10^{8}", "1.5 \\cdot 10^8"): Math-Verify reads the decimal as a float,
+# whose product with the power may miss the number it is.
+_DECIMAL_TIMES_POWER = re.compile(
+    r"(?<![\w.}])(\d+\.\d+)\s*(?:\\times|\\cdot|\u00d7)\s*10\s*\^\s*(?:\{\s*([+-]?\d+)\s*\}|(\d))(?![\d^!])"
+)
+# What binds a number before it more tightly than a product would: "1/2.5 \\times 10^{2}" is (1/2.5) \\times 100.
+_BINDS_BEFORE = re.compile(r"(?:/|\^|_|\\div)\s*$")
 # Scientific notation up to this power of ten is written out in digits.
 _MAX_WRITTEN_EXPONENT = 100
 # What Math-Verify reads as a letter, where case counts: a letter outside command names, escaped signs, and the braces
@@ -138,7 +145,7 @@ def _wrap(answer: str, letters_are_unknowns: bool = True) -> str:
     3): letters that end an expression ("2-2m", "2 \\cdot m") or any answer where ``letters_are_unknowns`` are kept as
     unknowns; after a plain number ("5 m", "12 cm" against a numeric reference) they stay a unit. Where letters are
     not unknowns (the reference is a number), "1e-05" is scientific notation, not Euler's number (1·e - 5)."""
-    text = _clean(answer)
+    text = _DECIMAL_TIMES_POWER.sub(_exact_decimal_times_power, _clean(answer))
     if not letters_are_unknowns:
         text = _SCIENTIFIC.sub(_exact_scientific, text)
     tail = _TRAILING_LETTERS.search(text)
@@ -151,11 +158,23 @@ def _exact_scientific(match: re.Match[str]) -> str:
     """A number in scientific notation written out as the decimal it is ("6.02e23" as 602000000000000000000000, "3.3e-1"
     as 0.33: a float times a large power no longer equals the integer), or as an integer times a power of ten where
     that would be long ("1e70840" as 1 \\times 10^{70840})."""
-    value = Decimal(match.group(1) + "e" + match.group(2))
+    return _written_out(match.group(1), match.group(2))
+
+
+def _exact_decimal_times_power(match: re.Match[str]) -> str:
+    """A decimal times a power of ten written out as :func:`_exact_scientific` writes one, unless what stands before it
+    binds the decimal first (a division, a power)."""
+    if _BINDS_BEFORE.search(match.string, 0, match.start()):
+        return match.group()
+    return _written_out(match.group(1), match.group(2) or match.group(3))
+
+
+def _written_out(mantissa: str, exponent: str) -> str:
+    value = Decimal(mantissa + "e" + exponent)
     if abs(value.adjusted()) <= _MAX_WRITTEN_EXPONENT:
         return format(value, "f")
-    whole, _, fraction = match.group(1).partition(".")
-    return f"{int(whole + fraction)} \\times 10^{{{int(match.group(2)) - len(fraction)}}}"
+    whole, _, fraction = mantissa.partition(".")
+    return f"{int(whole + fraction)} \\times 10^{{{int(exponent) - len(fraction)}}}"
 
 
 def _plain_quantity(text: str) -> bool:
