@@ -265,3 +265,17 @@ async def test_tmas_votes_group_by_the_grading_rules_in_a_run(tmp_path: Path) ->
         "\\frac{1}{\\sqrt{2}}",
     ]
     assert result.answer == "\\frac{\\sqrt{2}}{2}"
+
+
+async def test_votes_group_a_list_joined_by_and_with_its_comma_spelling() -> None:
+    pytest.importorskip("math_verify")
+    from tmas.answer_rules import RuleEquivalence
+
+    equivalence = RuleEquivalence()
+    try:
+        answers = ["2, 7", "2 \\text{ and } 7", "2 and 7", "7, 2", "2, 8"]
+        classes = await answer_classes(answers, equivalence)
+    finally:
+        await equivalence.aclose()
+    assert classes["2 \\text{ and } 7"] == classes["2 and 7"] == classes["2, 7"]
+    assert len({classes["2, 7"], classes["7, 2"], classes["2, 8"]}) == 3  # lists in another order stay apart

@@ -453,3 +453,18 @@ def test_letters_differing_only_in_case_are_different_unknowns() -> None:
     # Where neither answer writes a letter in both cases, case does not count (as Math-Verify reads it).
     assert check_pair("\\text{Yes}", "\\text{yes}").correct is True
     assert check_pair("\\mathbb{R}", "\\mathbb{R}").correct is True
+
+
+def test_a_reference_listing_its_items_with_and_is_a_list() -> None:
+    # "and" made a reference a sentence, left to the judge, though an answer's "and" joins a list: votes, which
+    # check each answer against the other, kept "2 and 7" apart from "2, 7".
+    for reference in ("2 \\text{ and } 7", "2 and 7", "2, \\text{and } 7", "-\\frac{5}{12} \\text{ and } \\frac{7}{9}"):
+        listed = reference.replace("\\text{ and }", ",").replace("\\text{and }", "").replace(" and ", ", ")
+        assert check_pair(reference, listed).correct is True, reference
+    assert check_pair("3, 5 \\text{ and } 8", "3, 5, 8").correct is True
+    assert check_pair("3, 5 \\text{ and } 8", "3, 5, 9").correct is not True
+    assert check_pair("2 \\text{ and } 7", "7, 2").correct is None  # a bare list: its order is for the judge
+    assert check_pair("2 \\text{ and } 7", "7, 2", any_order=True).correct is True
+    # A reference with other words is still a sentence.
+    assert check_pair("1 and odd primes", "1, \\text{odd primes}").correct is None
+    assert check_pair("n \\text{ and } n+1 \\text{ coprime}", "n, n+1").correct is None

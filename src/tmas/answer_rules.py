@@ -61,6 +61,10 @@ _DEGREE_SIGN = re.compile(r"\s*(?:°|\\(?:text)?degree(?![a-zA-Z]))")
 _PROSE = re.compile(
     r"\$|\\\(|\\\[|\b(?:if|otherwise|for|where|which|and|or|all|some|of|is|are|the|with|when|excluding)\b", re.I
 )
+# "and" joining the items of a list, after a comma or not, in text or not: "2, 3 and 5", "2 \\text{ and } 3".
+_LIST_AND = re.compile(r"\s*,?\s*(?:\\text\s*\{\s*,?\s*and\s*\}|\band\b)\s*", re.I)
+# A word of a sentence: three letters or more outside a command's name ("odd", "primes").
+_WORD = re.compile(r"(?<![\\A-Za-z])[A-Za-z]{3,}")
 
 # A number written with leading zeros ("001020,010300", a code or the rows of a grid): the digits are the answer, but
 # Math-Verify reads their value (1020) and a list of them as a set, so its "equal" would accept other strings. Not the
@@ -214,6 +218,13 @@ def _trim(piece: str) -> str:
             return piece
 
 
+def _listed(gold: str) -> str:
+    """``gold`` with the "and" joining its items written as a comma ("2 \\text{ and } 7" is the list "2, 7", as an
+    answer's "and" is), where no other word makes it a sentence ("1 and odd primes")."""
+    joined = _LIST_AND.sub(", ", gold)
+    return gold if joined == gold or _WORD.search(joined) else joined
+
+
 def _letters(text: str) -> set[str]:
     return {m.group(2) for m in _CASED_LETTER.finditer(text) if m.group(2)}
 
@@ -252,6 +263,7 @@ def check_pair(gold: str, pred: str, timeout_s: int | None = 5, any_order: bool 
         from math_verify import parse
     except ImportError:  # pragma: no cover - surfaced by the pool's owner
         return RuleVerdict(None, "math-verify not installed")
+    gold = _listed(gold)
     if _PROSE.search(_clean(gold)):
         return RuleVerdict(None, "reference in words: not checked by the rules")
     if _LEADING_ZEROS.search(_clean(gold)):
