@@ -58,6 +58,12 @@ def test_plain_numbers_are_keyed_by_their_exact_value() -> None:
     assert value_key("\\sqrt{2} / 2") == "\\sqrt{2}/2"
     assert value_key("1/0") == "1/0"
     assert value_key("0.333") != value_key("1/3")
+    # Scientific notation as programs print it is the number it writes, as the grading rules read it against a
+    # number: the vote, checking each answer against the other, kept "4.25e6" apart from 4250000.
+    assert value_key("4.25e6") == value_key("4.25E+06") == value_key("4250000") == "4250000"
+    assert value_key("2.5e-05") == value_key("0.000025")
+    assert value_key("4.25e6") != value_key("4.25e5")
+    assert value_key("1e400") == "1e400"  # too long to write out: left to the rules
 
 
 async def test_classes_merge_the_keys_the_check_finds_equal_in_first_seen_order() -> None:

@@ -3,7 +3,8 @@
 Two stages, cheapest first:
 
 1. :func:`value_key`: the spelling normalisation of :func:`tmas.answers.normalize_answer`, and plain numbers
-   (integers, decimals, fractions ``a/b`` and ``\\frac{a}{b}``) written as their exact value;
+   (integers, decimals, scientific notation ``4.25e6``, fractions ``a/b`` and ``\\frac{a}{b}``) written as their
+   exact value;
 2. :func:`answer_classes`: the few distinct keys left are compared pairwise by an :class:`EquivalenceCheck` (the
    project's grading rules, Math-Verify, run in worker processes: see ``tmas.answer_rules.RuleEquivalence``), and
    keys found equal are merged. Two plain numbers never need the check: their keys are equal exactly when their
@@ -18,6 +19,7 @@ import asyncio
 import re
 from collections import Counter
 from collections.abc import Iterable, Mapping
+from decimal import Decimal
 from fractions import Fraction
 from functools import lru_cache
 from typing import Protocol
@@ -30,6 +32,9 @@ MAX_COMPARED = 12
 
 _INTEGER = re.compile(r"[+-]?\d+")
 _DECIMAL = re.compile(r"[+-]?(?:\d+\.\d*|\.\d+)")
+# Scientific notation as programs print it ("4.25e6", "2.5E-05"), written out where its power is at most 100.
+_SCIENTIFIC = re.compile(r"[+-]?(?:\d+\.?\d*|\.\d+)[eE]([+-]?\d+)")
+_MAX_EXPONENT = 100
 _SLASH = re.compile(r"([+-]?)(\d+)/(\d+)")
 _FRAC = re.compile(r"([+-]?)\\frac\{([+-]?\d+)\}\{([+-]?\d+)\}")
 
@@ -45,6 +50,9 @@ def _exact(text: str) -> Fraction | None:
     text = text.replace("{,}", "")  # LaTeX thousands separator: 1{,}000
     if _INTEGER.fullmatch(text) or _DECIMAL.fullmatch(text):
         return Fraction(text)
+    scientific = _SCIENTIFIC.fullmatch(text)
+    if scientific is not None:
+        return Fraction(Decimal(text)) if abs(int(scientific.group(1))) <= _MAX_EXPONENT else None
     match = _SLASH.fullmatch(text) or _FRAC.fullmatch(text)
     if match is None:
         return None
