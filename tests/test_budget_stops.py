@@ -311,3 +311,38 @@ async def test_a_budget_stop_after_an_answer_fallback_returns_the_earlier_candid
         0,
         last.selection.candidate,
     )
+
+
+@pytest.mark.parametrize(("method", "calls", "params"), [("self_refine", 4, {}), ("verify_refine", 7, {"m": 1})])
+async def test_a_cut_iteration_votes_with_the_solutions_the_refused_trajectories_hold(
+    method: str, calls: int, params: dict[str, Any]
+) -> None:
+    # n = 3. Iteration 0 answers 5, 7, 7 (Verify-Refine: each verified and scored 1, 6 calls). Iteration 1's first
+    # refinement (trajectory 0, answering 5) is the last call the budget allows; trajectories 1 and 2 are refused and
+    # hold their 7s. The vote is over 5, 7, 7: 7, iteration 0's candidate 1 (Verify-Refine's best score: the unscored
+    # 5 counts 0 against two 1s). The refinement that came back alone would have answered 5.
+    refined = "## Feedback\nRechecked.\n\n## Solution\nPath A again: 5.\n\n\\boxed{5}"
+    script = SimScript(
+        rules=[
+            Rule(
+                role="solution",
+                replies=[f"Path {p}: {a}.\n\n\\boxed{{{a}}}" for p, a in zip("ABC", "577", strict=True)],
+            ),
+            Rule(role="refiner", replies=[refined]),
+            Rule(role="corrector", replies=[refined]),
+            PASS,
+        ]
+    )
+    result, model = await solve(method, {"calls": calls}, script, n=3, iterations=3, **params)
+    assert len(model.calls) == calls and model.calls[-1].role in ("refiner", "corrector")
+    first, cut = result.iterations
+    assert [c.answer for c in first.candidates] == ["5", "7", "7"]
+    assert [(c.index, c.answer) for c in cut.candidates] == [(0, "5")]
+    assert (result.answer, result.text, result.stopped_reason) == ("7", first.candidates[1].text, "budget")
+    assert cut.selection is not None and (cut.selection.iteration, cut.selection.candidate) == (0, 1)
+    assert cut.held_over == [1, 2]
+    assert cut.notes[-2:] == [
+        "trajectories 1, 2: the budget refused their calls; each holds its solution of the iteration before, which"
+        " counts here in its place",
+        f"stopped: budget spent ({calls} calls of a budget of {calls}) in iteration 1; 1 of 3 candidates finished",
+    ]

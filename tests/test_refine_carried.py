@@ -16,6 +16,7 @@ from tmas.grading.grades import SELECTED, Grades
 from tmas.methods.base import Candidate, CandidateMeta, ProblemResult
 from tmas.methods.selection import held, select_answered
 from tmas.reports.metrics import compute_metrics
+from tmas.reports.selection_table import selection_table
 from tmas.reports.where_lost import where_lost
 from tmas.store.records import IterationRecord
 from tmas.store.summaries import summarize_result
@@ -176,3 +177,47 @@ async def test_where_lost_finds_a_carried_right_solution_in_the_last_iteration()
     lost = where_lost("verify_refine", [result], _graded(result, "7"), {}).selection
     assert lost is not None
     assert (lost.returned_right, lost.in_last, lost.only_earlier, lost.never_right) == (0, ["question"], [], [])
+
+
+def test_held_fills_the_trajectories_a_budget_stop_refused_from_the_iteration_before() -> None:
+    it0 = [_cand(0, "5"), _cand(1, "7"), _cand(2, "7")]
+    # Iteration 1: trajectory 1 wrote no answer and carries its 7 of iteration 0; trajectory 2 wrote 9.
+    it1 = [_cand(0, "5"), _cand(1, None, 0), _cand(2, "9")]
+    # Iteration 2, cut by the budget: only trajectory 2's refinement came back; 0 and 1 hold what they held at 1.
+    it2 = [_cand(2, "5")]
+    assert held([it0, it1, it2], 2, [None, None, [0, 1]]) == [it1[0], it0[1], it2[0]]
+    # Without held_over (TMAS, or a record stored before it existed), the iteration reads as its candidates alone.
+    assert held([it0, it1, it2], 2) == held([it0, it1, it2], 2, [None, None, None]) == [it2[0]]
+    # The vote: 5, 7, 7 of iteration 0 and a cut iteration 1 whose trajectory 0 alone came back with 5: 7, as the
+    # trajectories hold it (5 where its one refinement alone voted). The fallback reads them too.
+    cut = [_cand(0, "5")]
+    chosen, fell_back = select_answered([it0, cut], "last", "numeric", "vote", held_over=[None, [1, 2]])
+    assert chosen is it0[1] and fell_back is None
+    assert select_answered([it0, cut], "last", "numeric", "vote")[0] is cut[0]
+    failed = [Candidate(index=0, error="boom")]
+    chosen, fell_back = select_answered([it0, failed], "last", "numeric", "vote", held_over=[None, [1, 2]])
+    assert chosen is it0[1] and fell_back is None
+
+
+def test_the_report_replays_the_cut_iterations_vote_and_pass_at_1_counts_the_calls_that_came_back() -> None:
+    # Gold 7. Iteration 0: 5, 7, 7. Iteration 1, cut by the budget: trajectory 0's 5 came back, 1 and 2 were refused.
+    results = [
+        {
+            "problem_id": "p",
+            "status": "done",
+            "iterations": [
+                _record(0, [{"index": i, "answer": a} for i, a in enumerate(["5", "7", "7"])], "7"),
+                {**_record(1, [{"index": 0, "answer": "5"}], "7"), "held_over": [1, 2]},
+            ],
+        }
+    ]
+    loaded = as_results(results, "self_refine")
+    grades = _graded(loaded[0], "7")
+    for stored in (loaded, [ProblemResult.model_validate(summarize_result(r)) for r in loaded]):
+        assert stored[0].iterations[1].held_over == [1, 2]
+        table = selection_table(stored, grades, "numeric")
+        # The vote over the held solutions 5, 7, 7 is right, as the run's was; the refinement alone would vote 5.
+        assert table.accuracy[("vote", "last")] == [1.0, 1.0]
+        # Pass@1 at iteration 1 counts the one call that came back (5: wrong); the held 7s were rollouts of iteration 0.
+        it0m, it1m = compute_metrics(stored, grades).iterations
+        assert it0m.pass1 == pytest.approx(2 / 3) and it1m.pass1 == 0.0

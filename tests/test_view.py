@@ -25,6 +25,7 @@ from tmas.memory.transcript import TeamMember, Transcript, Utterance
 from tmas.methods.base import Candidate, CandidateMeta, IterationRecord, ProblemResult
 from tmas.methods.confidence import Confidence
 from tmas.problems import Problem
+from tmas.store.records import Selection
 from tmas.store.run_store import SCHEMA_VERSION, RunStore, StoreError
 from tmas.store.summaries import summarize_result
 from tmas.sweep import Study, SweepSpec, run_sweep
@@ -342,6 +343,32 @@ def test_a_carried_solution_is_named_on_the_iteration_page(tmp_path: Path) -> No
     text = page.decode()
     assert text.count('class="carried"') == 1
     assert f'holds its <a href="/run/{ref.key}/iteration?id=mult&amp;t=0">solution of iteration 0</a>' in text
+
+
+def test_the_trajectories_a_budget_stop_refused_are_named_on_the_cut_iterations_page(tmp_path: Path) -> None:
+    run_dir = tmp_path / "sr-run"
+    with RunStore(run_dir) as store:
+        store.add_problems(PROBLEMS[:1])
+        store.set_meta("method", {"name": "self_refine", "params": {"n": 3, "iterations": 2}})
+        first = [Candidate(index=i, text=f"\\boxed{{{a}}}", answer=a) for i, a in enumerate("577")]
+        store.save_iteration(IterationRecord(problem_id="mult", iteration=0, candidates=first, selected="7"))
+        cut = IterationRecord(
+            problem_id="mult",
+            iteration=1,
+            candidates=[Candidate(index=0, text="\\boxed{5}", answer="5")],
+            selected="7",
+            selection=Selection(iteration=0, candidate=1),
+            held_over=[1, 2],
+        )
+        store.save_iteration(cut)
+    with AppThread(view_app([run_dir])) as viewer:
+        ref = run_ref_for([run_dir], run_dir)
+        assert ref is not None
+        _, page = get(f"{viewer.url}/run/{ref.key}/iteration?id=mult&t=1")
+    text = page.decode()
+    assert "the budget refused the calls of trajectories 1, 2: each holds its" in text
+    assert f'<a href="/run/{ref.key}/iteration?id=mult&amp;t=0">solution of iteration 0</a>' in text
+    assert "(candidate 1 of iteration 0)" in text
 
 
 # ------------------------------------------------------------------------------------------------ browser

@@ -553,13 +553,16 @@ class ProblemSession:
         selected: str | None = None,
         state: MethodState | None = None,
         notes: list[str] | None = None,
+        held_over: list[int] | None = None,
     ) -> IterationRecord:
         """Record the iteration: its ``candidates``, the answer the method would return after it, the method's
         ``state`` (its declared ``State``; the fields it set) and ``notes``.
 
         ``chosen``: the candidate the method returns (this iteration's or an earlier one's; ``fallback``: taken by
         the answer fallback), kept as the record's ``selection`` with its answer as ``selected``, so no reader
-        chooses again; ``selected`` alone: an answer that is no candidate's (MATTRL's decision)."""
+        chooses again; ``selected`` alone: an answer that is no candidate's (MATTRL's decision). ``held_over``: the
+        trajectories whose call a budget stop refused, each holding its solution of the iteration before
+        (``IterationRecord.held_over``)."""
         selection = None
         if chosen is not None:
             selected = chosen.answer
@@ -577,6 +580,7 @@ class ProblemSession:
             state=state.stored() if state is not None else {},
             notes=notes or [],
             replies=dict(sorted(self._iteration_replies.items())),
+            held_over=held_over or None,
         )
         self.records.append(record)
         if self.store is not None:

@@ -59,8 +59,11 @@ the latest, most refined candidate.
 An iteration's candidates, where ``last`` and the ``latest`` fallback read one iteration, are the solutions its
 trajectories hold (:func:`held`): in Self-Refine and Verify-Refine a refinement without an answer leaves its
 trajectory on its earlier answered solution (``meta.carried_from``), and that solution is the trajectory's vote (its
-score, its answer) in that iteration, not the answerless reply. ``all`` counts every solution once, where it was
-written.
+score, its answer) in that iteration, not the answerless reply. Where a budget stop cut the iteration short, a
+trajectory whose refinement it refused (``IterationRecord.held_over``) votes with the solution it held at the
+iteration before, so the refinements that came back never outvote the trajectories the stop left standing (TMAS has
+no trajectories: its candidate i of one iteration goes on from no candidate i of the last, and its cut iteration
+votes over what came back). ``all`` counts every solution once, where it was written.
 """
 
 from __future__ import annotations
@@ -120,16 +123,28 @@ def proof_rule_error(rule: str, mode: str) -> str | None:
     )
 
 
-def held(iterations: Sequence[Sequence[Candidate]], t: int) -> list[Candidate]:
-    """The solutions the trajectories hold at iteration ``t`` (an index of ``iterations``, oldest first): each
-    candidate, except a refinement without an answer whose trajectory went on from an earlier solution
-    (``meta.carried_from``, Self-Refine and Verify-Refine), which is that solution, the candidate of the same index
-    in the iteration it names. A record stored before ``carried_from`` existed reads as its candidates."""
+def held(
+    iterations: Sequence[Sequence[Candidate]], t: int, held_over: Sequence[Sequence[int] | None] = ()
+) -> list[Candidate]:
+    """The solutions the trajectories hold at iteration ``t`` (an index of ``iterations``, oldest first), in
+    trajectory (candidate index) order: each candidate, except a refinement without an answer whose trajectory went
+    on from an earlier solution (``meta.carried_from``, Self-Refine and Verify-Refine), which is that solution, the
+    candidate of the same index in the iteration it names.
+
+    ``held_over``: per iteration (as ``iterations``; missing or None: none), the trajectories whose call a budget stop
+    refused there (``IterationRecord.held_over``): each has no candidate in that iteration and holds what it held at
+    the iteration before, which is its solution there too. A record stored before either existed reads as its
+    candidates."""
     out = []
     for c in iterations[t]:
         origin = c.meta.carried_from
         source = iterations[origin] if origin is not None and 0 <= origin < len(iterations) else []
         out.append(next((o for o in source if o.index == c.index), c))
+    over = held_over[t] if t < len(held_over) else None
+    if over and t > 0:
+        before = {c.index: c for c in held(iterations, t - 1, held_over)}
+        out += [before[i] for i in over if i in before]
+        out.sort(key=lambda c: c.index)  # stable: trajectory order, as a whole iteration has it
     return out
 
 
@@ -206,6 +221,7 @@ def select_answered(
     fallback: bool = True,
     fallback_from: FallbackFrom = "all",
     confidence: ConfidenceVote | None = None,
+    held_over: Sequence[Sequence[int] | None] = (),
 ) -> tuple[Candidate | None, Fallback | None]:
     """The candidate ``rule`` returns from ``select_from`` of ``iterations`` (oldest first); when it has no answer
     (numeric mode) or there is none (proof mode: every call failed or wrote no text) and ``fallback`` is on, an
@@ -213,11 +229,14 @@ def select_answered(
     docstring).
 
     The second value describes a fallback that happened (None otherwise): the iteration and index of the candidate
-    returned, its answer, and why. ``classes`` must cover the answers of every iteration.
+    returned, its answer, and why. ``classes`` must cover the answers of every iteration. ``held_over``: per
+    iteration, the trajectories a budget stop refused there (:func:`held`).
     """
     # An iteration's vote is over the solutions the trajectories hold then (a carried one counts where the reply that
-    # kept it had no answer); "all" reads every solution written, each once.
-    pool = held(iterations, len(iterations) - 1) if iterations and select_from == "last" else None
+    # kept it had no answer, a held-over one where the stop refused the trajectory's call); "all" reads every
+    # solution written, each once.
+    last = len(iterations) - 1
+    pool = held(iterations, last, held_over) if iterations and select_from == "last" else None
     chosen = select(
         pool if pool is not None else candidates_from(iterations, select_from), mode, rule, classes, confidence
     )
@@ -230,7 +249,7 @@ def select_answered(
         return chosen, None
     earlier = iterations[:-1]
     # ``select`` prefers answered candidates; over every earlier one, ties go to the latest, most refined answer.
-    latest = [held(earlier, t) for t in reversed(range(len(earlier)))]
+    latest = [held(earlier, t, held_over) for t in reversed(range(len(earlier)))]
     pools = [candidates_from(earlier, "all")] if fallback_from == "all" else latest
     picks = (select(pool, mode, rule, classes, confidence) for pool in pools)
     backup = next((c for c in picks if holds(c)), None)

@@ -10,6 +10,9 @@ trajectory sends again (the generation prompt afresh, a held solution to refine 
 is configured (``tmas.methods.reasked``). A refinement
 without an answer never silently replaces an answered solution (``answer_reminder``, ``answer_fallback``): the
 trajectory holds that solution on, and it votes in the iteration in place of the reply (``meta.carried_from``).
+A budget stop that cuts an iteration short keeps the refinements that came back; a trajectory whose refinement it
+refused holds its solution of the iteration before, and votes with it there (``IterationRecord.held_over``), so the
+few refinements that came back do not outvote the trajectories the stop left standing.
 """
 
 from __future__ import annotations
@@ -119,6 +122,8 @@ class SelfRefine(Method[SelfRefineParams]):
             candidates = [c for c in stepped if c is not None]
             if not candidates:
                 break
+            # A trajectory whose refinement the budget refused holds its solution on, and votes with it.
+            refused = [i for i, c in enumerate(stepped) if c is None and latest[i] is not None]
             notes = notes_for(candidates, mode) + [
                 f"candidate {c.index}: no solution text; not sent to the refiner"
                 for c in candidates
@@ -130,8 +135,9 @@ class SelfRefine(Method[SelfRefineParams]):
                     notes.append(carry(c, previous, written[c.index]))
                 else:
                     latest[c.index], written[c.index] = c, t
-            # The majority of the solutions the trajectories hold (a carried one in place of the answerless reply);
-            # without an answer there, of the latest earlier round that has one.
+            # The majority of the solutions the trajectories hold (a carried one in place of the answerless reply, a
+            # held-over one where the budget refused the refinement); without an answer there, of the latest earlier
+            # round that has one.
             chosen = await close_iteration(
                 session,
                 candidates,
@@ -141,6 +147,7 @@ class SelfRefine(Method[SelfRefineParams]):
                 mode=mode,
                 fallback=p.answer_fallback,
                 fallback_from="latest",
+                held_over=refused,
             )
             if session.budget_stop:
                 break

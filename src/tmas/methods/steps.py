@@ -300,13 +300,17 @@ async def select_answer(
     fallback: bool = True,
     fallback_from: FallbackFrom = "all",
     confidence: ConfidenceVote | None = None,
+    held_over: list[int] | None = None,
 ) -> Chosen:
     """The answer of the iterations recorded so far and ``current`` (the one being finished; None: the records
     alone) by :func:`tmas.methods.selection.select_answered`, answers grouped by value as the run groups them, and
-    the answer fallback it took, if any (:func:`fallback_note` says it in a line)."""
+    the answer fallback it took, if any (:func:`fallback_note` says it in a line). ``held_over``: the trajectories of
+    ``current`` whose call a budget stop refused (:func:`tmas.methods.selection.held`)."""
     iterations = [record.candidates for record in session.records]
+    refused = [record.held_over for record in session.records]
     if current is not None:
         iterations.append(current)
+        refused.append(held_over)
     classes = await session.answer_classes(c for candidates in iterations for c in candidates)
     chosen, fell_back = select_answered(
         iterations,
@@ -317,6 +321,7 @@ async def select_answer(
         fallback=fallback,
         fallback_from=fallback_from,
         confidence=confidence,
+        held_over=refused,
     )
     return Chosen(chosen, fell_back)
 
@@ -338,20 +343,33 @@ async def close_iteration(
     select_from: SelectFrom = "last",
     fallback: bool = True,
     fallback_from: FallbackFrom = "all",
+    held_over: list[int] | None = None,
 ) -> Chosen:
     """The end of an iteration of a baseline that selects its answer among its candidates (Self-Refine,
     Verify-Refine, PaCoRe, RSE): the answer by ``rule`` (:func:`select_answer`, with the answer fallback where on), the
     fallback's note and ``state.answer_fallback``, the note of a budget that cut the iteration short (``planned``
-    candidates asked), and the iteration's record with the candidate chosen. The method's own ``notes`` come first."""
+    candidates asked), and the iteration's record with the candidate chosen. The method's own ``notes`` come first.
+
+    ``held_over`` (Self-Refine, Verify-Refine): the trajectories whose call the budget stop refused; each votes with
+    the solution it held at the iteration before (:func:`tmas.methods.selection.held`), as the record keeps them."""
     chosen = await select_answer(
-        session, candidates, mode, rule, select_from=select_from, fallback=fallback, fallback_from=fallback_from
+        session,
+        candidates,
+        mode,
+        rule,
+        select_from=select_from,
+        fallback=fallback,
+        fallback_from=fallback_from,
+        held_over=held_over,
     )
     if chosen.fallback is not None:
         notes.append(fallback_note(chosen.fallback))
         state.answer_fallback = chosen.fallback
     if session.budget_stop:
-        notes += budget_note(session, len(candidates), planned)
-    session.end_iteration(candidates, chosen=chosen.candidate, fallback=chosen.fallback, state=state, notes=notes)
+        notes += budget_note(session, len(candidates), planned, held_over)
+    session.end_iteration(
+        candidates, chosen=chosen.candidate, fallback=chosen.fallback, state=state, notes=notes, held_over=held_over
+    )
     return chosen
 
 
@@ -405,7 +423,19 @@ def finish(
     return result
 
 
-def budget_note(session: ProblemSession, finished: int, planned: int) -> list[str]:
+def budget_note(session: ProblemSession, finished: int, planned: int, held_over: list[int] | None = None) -> list[str]:
     """The note of an iteration the budget cut short, for its own record (:func:`finish` then adds no other; a stop
-    that refused a whole iteration is noted by :func:`finish` on the record before)."""
-    return [f"stopped: {session.budget_stop}; {finished} of {planned} candidates finished"]
+    that refused a whole iteration is noted by :func:`finish` on the record before), after the note that the
+    trajectories it refused (``held_over``) vote with the solutions they held at the iteration before."""
+    stopped = f"stopped: {session.budget_stop}; {finished} of {planned} candidates finished"
+    if not held_over:
+        return [stopped]
+    which = ", ".join(str(i) for i in held_over)
+    who = (
+        f"trajectory {which}: the budget refused its call; it holds"
+        if len(held_over) == 1
+        else f"trajectories {which}: the budget refused their calls; each holds"
+    )
+    held = f"{who} its solution of the iteration before, which counts here in its place"
+    # The stop's note stays the record's last, as every method's is.
+    return [held, stopped]

@@ -17,7 +17,9 @@ it (its trajectory starts afresh, as after a failed call, unless it holds an ans
 trajectory sends again (the generation prompt afresh, a held solution with the same report) goes with a new seed where
 one is configured (``tmas.methods.reasked``). A budget stop keeps what finished: a solution some of whose
 verifications it refused is scored from those that came back (a failed one still counts 0), one it refused them all
-is kept unverified and unscored, each noted in the iteration's record.
+is kept unverified and unscored, each noted in the iteration's record; a trajectory whose correction it refused
+holds its solution of the iteration before, with its score, and is selected from with it there
+(``IterationRecord.held_over``).
 """
 
 from __future__ import annotations
@@ -141,6 +143,8 @@ class VerifyRefine(Method[VerifyRefineParams]):
             if not done:
                 break
             candidates = [v.candidate for v in done]
+            # A trajectory whose correction the budget refused holds its solution on, and is selected from with it.
+            refused = [i for i, v in enumerate(stepped) if v is None and latest[i] is not None]
             notes = notes_for(candidates, p.mode) + verification_notes(candidates, p.m)
             # The solutions the trajectories hold: a correction without an answer counts as the one it carries.
             holding = []
@@ -156,7 +160,8 @@ class VerifyRefine(Method[VerifyRefineParams]):
                 else:
                     latest[i], written[i] = v, t
                     holding.append(v.candidate)
-            # Their mean score, with a carried solution's own score, as the iteration's selection and Pass@1 read them.
+            # Their mean score, with a carried solution's own score, as Pass@1 reads them: over the calls that came
+            # back (a trajectory the budget refused is held over for the selection alone).
             scores = [c.score for c in holding if c.score is not None]
             state = VerifyRefineState(mean_score=sum(scores) / len(scores) if scores else None)
             chosen = await close_iteration(
@@ -169,6 +174,7 @@ class VerifyRefine(Method[VerifyRefineParams]):
                 rule=p.select,
                 select_from=p.select_from,
                 fallback=p.answer_fallback,
+                held_over=refused,
             )
             if session.budget_stop:
                 break

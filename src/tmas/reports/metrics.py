@@ -9,10 +9,13 @@ every candidate drawn up to the iteration, as the method does; otherwise over th
 Pass@1 and MV@k (not pooled) read the solutions an iteration's trajectories hold (:func:`held_at`): where a
 refinement gave no answer and its trajectory went on from an earlier solution (Self-Refine, Verify-Refine), that
 solution is the trajectory's rollout at the iteration, graded where it was written. Runs stored before that was
-recorded read each iteration's own candidates. A sample stopped while it streamed (online stopping, DeepConf's online
-mode: methods/online_stop.py) is no rollout: it was discarded by design before it reached an answer, so it neither
-counts in Pass@1's n_i nor is one of the samples MV@k votes over (:func:`samples_drawn`; it is no wrong vote either),
-here and in the frontier's MV@k (DeepConf's accuracies are over the traces that ran to their end).
+recorded read each iteration's own candidates. An iteration a budget stop cut short counts the rollouts that came
+back alone: a trajectory it refused (``IterationRecord.held_over``) keeps its earlier solution in the method's own
+vote, not in Pass@1 or MV@k (that solution was a rollout of the iteration it was written in). A sample stopped while
+it streamed (online stopping, DeepConf's online mode: methods/online_stop.py) is no rollout: it was discarded by
+design before it reached an answer, so it neither counts in Pass@1's n_i nor is one of the samples MV@k votes over
+(:func:`samples_drawn`; it is no wrong vote either), here and in the frontier's MV@k (DeepConf's accuracies are over
+the traces that ran to their end).
 
 A problem that stopped early (adaptive stopping) keeps its last iteration's candidates at later iterations: that is
 what the method would return, at no further cost. The tables run to the method's last iteration (its T) once a problem
@@ -199,7 +202,9 @@ def held_at(result: ProblemResult, record: IterationRecord) -> list[tuple[int, C
     """The solutions ``result``'s trajectories hold at ``record``'s iteration, each with the iteration it was written
     in (its grades' key): the record's candidates, except a refinement without an answer whose trajectory went on
     from an earlier solution (``meta.carried_from``: Self-Refine, Verify-Refine), read as that solution. A sample
-    stopped while it streamed (``meta.stopped_early``: online stopping) holds none and is left out."""
+    stopped while it streamed (``meta.stopped_early``: online stopping) holds none and is left out. A trajectory whose
+    call a budget stop refused (``record.held_over``) votes in the method's selection with the solution it held
+    before, but is no rollout of this iteration: Pass@1's n_i counts the calls that came back."""
     by_iteration = {rec.iteration: rec for rec in result.iterations}
     out = []
     for c in record.candidates:

@@ -6,10 +6,13 @@ run's own rule (``own``: a method whose answer follows ``select`` and ``select_f
 row reads the candidate the run chose after each iteration, stored with the iteration's record
 (``IterationRecord.selection``), or in a record stored before selections were kept, the answer the run returned then
 (``selected``, graded as the report grades it). Every other row replays its rule on the stored candidates and scores:
-the rule picks from the candidates of iteration t (pool ``last``) or of iterations 0..t (pool ``all``). Problems are
-counted as in metrics.py (a stopped one keeps its last iteration; one still mid-way only up to where it got). Answers
-are grouped by value with ``classes`` (per problem, as the run's votes grouped them), and with ``fallback`` an
-iteration whose pool has no answer takes the earlier answer, as the run did (``answer_fallback``).
+the rule picks from the solutions the trajectories hold at iteration t (pool ``last``: its candidates, an earlier
+solution in place of an answerless refinement that carried it, and for a trajectory whose call a budget stop refused
+there its solution of the iteration before, ``IterationRecord.held_over``, as the run voted) or from the candidates of
+iterations 0..t (pool ``all``). Problems are counted as in metrics.py (a stopped one keeps its last iteration; one
+still mid-way only up to where it got). Answers are grouped by value with ``classes`` (per problem, as the run's
+votes grouped them), and with ``fallback`` an iteration whose pool has no answer takes the earlier answer, as the run
+did (``answer_fallback``).
 """
 
 from __future__ import annotations
@@ -90,7 +93,10 @@ def _replayed(
     """The grade of the candidate ``rule`` picks from ``select_from`` of the problem's iterations up to ``t``."""
     seen = [record for record in result.iterations if record.iteration <= t]
     own = (classes or {}).get(result.problem_id)
-    chosen, _ = select_answered([r.candidates for r in seen], select_from, mode, rule, own, fallback=fallback)
+    # A trajectory a budget stop refused votes with the solution it held before, as the run counted it.
+    refused = [r.held_over for r in seen]
+    iterations = [r.candidates for r in seen]
+    chosen, _ = select_answered(iterations, select_from, mode, rule, own, fallback=fallback, held_over=refused)
     if chosen is None:
         return 0.0
     origin = next(r.iteration for r in seen if any(c is chosen for c in r.candidates))

@@ -116,7 +116,8 @@ class CandidateMeta(_Sparse):
     reminder: ReminderRecord | None = None
     # A refinement without an answer: its trajectory went on from its previous solution, the one written in iteration
     # ``carried_from`` (same index), which is the trajectory's solution at this iteration: it, not this reply, votes
-    # (and counts in Pass@1) here. Runs stored before ``carried_from`` have ``kept_previous`` alone.
+    # (and counts in Pass@1) here. Runs stored before ``carried_from`` have ``kept_previous`` alone. A trajectory
+    # whose call a budget stop refused has no candidate here: its record's ``held_over`` names it.
     kept_previous: bool | None = None
     carried_from: int | None = None
     # No verification ran: the budget stopped them before any did, or (TMAS) the reply held no solution text.
@@ -225,6 +226,12 @@ class IterationRecord(BaseModel):
     notes: list[str] = Field(default_factory=list)
     # Successful replies per role, with how many were truncated or unusable.
     replies: dict[str, ReplyTally] = Field(default_factory=dict)
+    # An iteration a budget stop cut short in Self-Refine or Verify-Refine: the trajectories whose call the stop
+    # refused (no candidate of theirs here). Each holds on the solution it held at the iteration before, which votes
+    # here in its place (``tmas.methods.selection.held``); Pass@1 (``tmas.reports.metrics.held_at``) counts the calls
+    # that came back alone, a held-over solution being no rollout of this iteration. None: no trajectory was refused,
+    # or the method's candidates are no trajectories (TMAS and the others), or a record stored before this existed.
+    held_over: list[int] | None = None
 
 
 # A result's ``stopped_reason`` when its budget ended it (``ProblemSession.budget_stopped``).
