@@ -542,3 +542,26 @@ def test_a_problem_file_read_from_a_pipe_is_read_once(tmp_path: Path) -> None:
         done = run_tmas(*args, stdin="\n".join(lines) + "\n", text=True, timeout=120)
     assert done.returncode == 0, done.stderr
     assert json.loads(done.stdout)["done"] == 3
+
+
+def test_a_sweeps_problem_file_read_from_a_pipe_is_read_once(tmp_path: Path) -> None:
+    # Before, tmas sweep read its problem file twice, for the estimate and again to run its points: a pipe had
+    # nothing left the second time, and the sweep was refused with '/dev/stdin: no problems in file'.
+    lines = [json.dumps({"problem_id": f"p{i}", "question": f"What is {i + 2}*7?"}) for i in range(2)]
+    out = tmp_path / "sweep"
+    with SimServer(SimScript()) as sim:
+        args = ["sweep", "-o", str(out), "--problems", "/dev/stdin", "-m", "cot", "-m", "majority", "-p", "k=2"]
+        ran = run_tmas(
+            *args,
+            "--base-url",
+            sim.base_url,
+            "--no-report",
+            "--yes",
+            stdin="\n".join(lines) + "\n",
+            text=True,
+            timeout=120,
+        )
+    assert ran.returncode == 0, ran.stderr
+    points = json.loads(ran.stdout)["points"]
+    assert [(p["status"], p["failed"]) for p in points] == [("new", 0), ("new", 0)]
+    assert ran.stderr.strip().endswith("tmas: 4 of 4 problems done")

@@ -597,15 +597,21 @@ def check_sweep_dir(
 
 
 def prepare_sweep(
-    spec: SweepSpec, settings: Settings, out_dir: Path, *, own_model: bool = False
+    spec: SweepSpec,
+    settings: Settings,
+    out_dir: Path,
+    *,
+    own_model: bool = False,
+    read: list[Problem] | None = None,
 ) -> tuple[list[SweepPoint], list[Problem], dict[str, Any]]:
-    """Validate every point (before the first call), load the problems, check that the points already run were run
-    as ``settings`` ask (``own_model``: on a model of the caller's own) and write the manifest. A sweep refused here
-    keeps its manifest as it was: resumed without the change, it goes on."""
+    """Validate every point (before the first call), load the problems (``read``: those :func:`sweep_problems` read
+    already, from a pipe, which cannot be read twice), check that the points already run were run as ``settings``
+    ask (``own_model``: on a model of the caller's own) and write the manifest. A sweep refused here keeps its
+    manifest as it was: resumed without the change, it goes on."""
     points = expand(spec, out_dir)
     if not points:
         raise InputError("the sweep has no points (add a [[study]])")
-    problems = sweep_problems(spec)
+    problems = read if read is not None else sweep_problems(spec)
     check_sweep_dir(points, problems, settings, out_dir, own_model=own_model)
     out_dir.mkdir(parents=True, exist_ok=True)
     for point in points:  # what a point yet to run names outside it (MATTRL's pool), before the first point runs
@@ -665,12 +671,14 @@ async def run_sweep(
     on_result: Callable[[ProblemResult], None] | None = None,
     on_start: Callable[[SweepPoint, RunState], None] | None = None,
     model: ChatModel | None = None,
+    read: list[Problem] | None = None,
 ) -> SweepSummary:
     """Run every point of ``spec`` not finished yet into ``out_dir``, on the endpoint of ``settings`` or on ``model``
     (a :class:`tmas.llm.model.ChatModel` of the caller's own, for every point); see the module docstring.
-    ``on_start`` hears of each point that runs as it begins, with the live state of its run."""
+    ``on_start`` hears of each point that runs as it begins, with the live state of its run. ``read``: the sweep's
+    problems as :func:`sweep_problems` read them already (a pipe is read once)."""
     with sweeping(out_dir):
-        return await _run_held(spec, settings, out_dir, on_point, on_result, on_start, model)
+        return await _run_held(spec, settings, out_dir, on_point, on_result, on_start, model, read)
 
 
 async def _run_held(
@@ -681,9 +689,10 @@ async def _run_held(
     on_result: Callable[[ProblemResult], None] | None,
     on_start: Callable[[SweepPoint, RunState], None] | None,
     model: ChatModel | None,
+    read: list[Problem] | None,
 ) -> SweepSummary:
     """:func:`run_sweep` with the sweep directory's lock held."""
-    points, problems, manifest = prepare_sweep(spec, settings, out_dir, own_model=model is not None)
+    points, problems, manifest = prepare_sweep(spec, settings, out_dir, own_model=model is not None, read=read)
     dataset = dataset_name(spec.problems or "")
     outcomes: list[PointOutcome] = []
     async with SeriesModel(model) as series:

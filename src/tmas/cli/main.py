@@ -872,6 +872,7 @@ def sweep(
             f" to its {len(points) - len(added)}: {', '.join(added)}",
             err=True,
         )
+    # Read once: the points run these (a pipe, /dev/stdin or a shell's <(...), has nothing left to read again).
     listed = sweep_problems(spec)
     # A point that would keep finished results under other settings is refused here, before the estimate: its pilot
     # would send calls, and its gate ask about a sweep that is then refused (run_sweep checks it again).
@@ -902,7 +903,9 @@ def sweep(
     gate(planned, estimate)
     again = f"tmas sweep --resume {out}{' --no-report' if no_report else grade_words(grade_config)}"
     try:
-        summary = interrupt.run(steps.during(run_sweep(spec, settings, out, on_point=ends, on_start=begins)))
+        summary = interrupt.run(
+            steps.during(run_sweep(spec, settings, out, on_point=ends, on_start=begins, read=listed))
+        )
     except interrupt.Stopped as stop:
         raise stop.saying(f"finished points and calls are kept: continue with '{again}'") from None
     except Unreachable as exc:
