@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import importlib.util
 import json
+import sqlite3
 import struct
 from pathlib import Path
 
@@ -14,7 +15,7 @@ import numpy as np
 import pytest
 from typer.testing import CliRunner
 
-from conftest import scripted_settings, settings_for
+from conftest import run_tmas, scripted_settings, settings_for
 from tmas.api import asolve
 from tmas.cli.main import app
 from tmas.config import Settings
@@ -22,7 +23,8 @@ from tmas.llm.client import LLMClient
 from tmas.memory.embedders import LOCAL_NAME, EndpointEmbedder, LocalEmbedder
 from tmas.memory.pool import Pool, PoolError, PoolMeta
 from tmas.memory.pool_entry import PoolEntry
-from tmas.testing import ScriptedModel, SimScript, SimServer
+from tmas.store.run_store import RunStore
+from tmas.testing import Rule, ScriptedModel, SimScript, SimServer
 
 ENTRIES = [
     PoolEntry(id="parity", action="Check parity first", experience="Odd and even cases of the sum split cleanly."),
@@ -579,19 +581,62 @@ def test_a_pool_of_an_unnamed_embedding_model_records_the_served_one_and_refuses
     )
 
 
-def test_a_mattrl_run_on_a_server_of_another_embedding_model_than_its_unnamed_pool_is_refused(tmp_path: Path) -> None:
+def test_a_mattrl_run_on_a_server_of_another_embedding_model_than_its_unnamed_pool_is_refused_before_any_chat(
+    tmp_path: Path,
+) -> None:
+    pool_path = tmp_path / "pool"
+    with SimServer(SimScript(model="embed-a")) as first:
+        asyncio.run(_build_unnamed(pool_path, settings_for(first, endpoint__model=None)))
+    problems = tmp_path / "p.jsonl"
+    problems.write_text(
+        "".join(json.dumps({"problem_id": f"p{i}", "question": f"What is {i + 17}*23?"}) + "\n" for i in range(2))
+    )
+    run_dir = tmp_path / "run"
+    params = ["-p", "iterations=1", "-p", "team_size=2", "-p", f"pool={pool_path}", "-p", "top_k=1"]
+    args = ["run", str(problems), "-o", str(run_dir), "-m", "mattrl", *params, "--yes"]
+    # The embedding role names no model: only a reply says which one serves it. Before, each problem sent its
+    # coordinator's call and failed at its first retrieval, when the embedding's reply named the other model.
+    with SimServer(SimScript(model="embed-b")) as second:
+        refused = run_tmas(*args, "--base-url", second.base_url, text=True, timeout=120)
+        sent = [r.endpoint for r in second.requests if r.endpoint in ("chat", "embeddings")]
+    assert refused.returncode == 2, refused.stderr
+    assert refused.stderr.strip().splitlines()[-1] == (
+        f"tmas: error: {pool_path}: pool built with embedding model 'endpoint:embed-a', "
+        "but the embedding role now gets 'endpoint:embed-b'"
+    )
+    assert sent == ["embeddings"]
+    with RunStore(run_dir, read_only=True) as store:
+        assert store.results() == []
+    # On the pool's own model the run goes on, its check one embedding request before the first chat call.
+    with SimServer(SimScript(model="embed-a")) as same:
+        ran = run_tmas("run", "--resume", str(run_dir), "--base-url", same.base_url, "--yes", text=True)
+        endpoints = [r.endpoint for r in same.requests if r.endpoint in ("chat", "embeddings")]
+    assert ran.returncode == 0, ran.stderr
+    assert json.loads(ran.stdout)["done"] == 2
+    assert endpoints[0] == "embeddings" and "chat" in endpoints
+    # A resume of what that start accepted is not refused, and its finished calls replay, not sent again.
+    with sqlite3.connect(run_dir / "run.sqlite") as db:
+        db.execute("DELETE FROM results WHERE problem_id = 'p1'")
+    with SimServer(SimScript(model="embed-a")) as again:
+        resumed = run_tmas("run", "--resume", str(run_dir), "--base-url", again.base_url, "--yes", text=True)
+        chats = [r for r in again.requests if r.endpoint == "chat"]
+    assert resumed.returncode == 0, resumed.stderr
+    assert json.loads(resumed.stdout)["done"] == 2 and chats == []
+
+
+def test_a_mattrl_run_whose_server_refuses_embeddings_runs_without_hints_as_before(tmp_path: Path) -> None:
+    # The model check asks one embedding where the role names no model: a refusal of it is not the run's refusal;
+    # each retrieval says it failed, and the team deliberates without hints, as it did before the check.
     pool_path = tmp_path / "pool"
     with SimServer(SimScript(model="embed-a")) as first:
         asyncio.run(_build_unnamed(pool_path, settings_for(first, endpoint__model=None)))
     params = {"iterations": 1, "team_size": 2, "pool": str(pool_path), "top_k": 1}
-    with SimServer(SimScript(model="embed-b")) as second:
-        settings = settings_for(second, endpoint__model=None, method={"name": "mattrl", "params": params})
+    with SimServer(SimScript(model="embed-a", rules=[Rule(role="embedding", fault="http_400")])) as refusing:
+        settings = settings_for(refusing, endpoint__model=None, method={"name": "mattrl", "params": params})
         result = asyncio.run(asolve("What is 17*23?", settings, max_calls=None, max_completion_tokens=None))
-    assert result.status == "failed" and result.error is not None
-    assert (
-        f"{pool_path}: pool built with embedding model 'endpoint:embed-a', "
-        "but the embedding role now gets 'endpoint:embed-b'" in result.error
-    )
+    assert result.status == "done", result.error
+    failed = [note for it in result.iterations for note in it.notes if "experience retrieval failed" in note]
+    assert failed and all("no hints this round: embeddings for role 'embedding': HTTP 400" in n for n in failed)
 
 
 async def _build_nameless(pool_path: Path) -> None:

@@ -953,6 +953,8 @@ async def run_problems(
                     await check_served(setup, store, asked)
                     setup.record_servers(store)
                 if state.total > len(finished):
+                    # What only a reply names (MATTRL's pool, its embedding model): before the first chat call.
+                    await method.check_served(llm)
                     setup.record(store, inputs)
                 # Each worker is a lane (tmas.llm.lanes): on an endpoint with pin_slots, its calls share one slot.
                 await gather_all(worker(Lane(w, workers)) for w in range(workers))

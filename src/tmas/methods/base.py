@@ -722,6 +722,11 @@ class Method(ABC, Generic[P]):
         opened (MATTRL's pool, built with another embedding model): checked once the model is open, before any
         problem is solved. Nothing by default."""
 
+    async def check_served(self, llm: ChatModel) -> None:
+        """:meth:`check_model` for what only a reply can say (MATTRL's pool where the embedding role names no model:
+        the model that serves it): asked once a run has problems to solve, before their first chat call. Nothing by
+        default."""
+
     def inputs(self) -> dict[str, str]:
         """What the parameters name outside the run that its requests are made from (MATTRL's experience pool), as
         a name a message shows (``pool=PATH``) -> an identity of its content. A run records them with its setup, and

@@ -38,10 +38,10 @@ from tmas.agents.output import AgentOutputError, finished_lines
 from tmas.agents.solution import SolutionOutput, parse_solution
 from tmas.answers import normalize_answer
 from tmas.errors import InputError, LLMError
-from tmas.llm.model import ChatModel
+from tmas.llm.model import ChatModel, EndpointUnreachable
 from tmas.llm.tokens import CHARS_PER_TOKEN
 from tmas.llm.types import Completion
-from tmas.memory.embedders import LOCAL, Embedder, LocalEmbedder, embedder_for
+from tmas.memory.embedders import LOCAL, UNNAMED, Embedder, LocalEmbedder, embedder_for
 from tmas.memory.pool_entry import PoolEntry
 from tmas.memory.transcript import TeamMember, Transcript, Utterance
 from tmas.methods.base import (
@@ -255,17 +255,38 @@ class MATTRL(Method[MATTRLParams]):
         rebuilt, added to or pruned since the run finished some problems would give the rest other hints. None
         without a pool, or where a single teacher teaches without it. The pool is read here once and kept: every
         retrieval of this method reads what this digest is of, whatever a build saves meanwhile."""
-        p = self.params
-        if p.pool is None or (self.domain.teaching and p.teaching == "single"):
+        if not self._reads_pool():
             return {}
-        return {f"pool={p.pool}": self._loaded_pool().content_digest()}
+        return {f"pool={self.params.pool}": self._loaded_pool().content_digest()}
 
     def check_model(self, llm: ChatModel) -> None:
         """The pool's embedding model is the one configured (the endpoint's ``embedding`` model, or the local one):
         a pool another model built is refused before the first problem, not in each."""
-        p = self.params
-        if p.pool is not None and not (self.domain.teaching and p.teaching == "single"):
+        if self._reads_pool():
             self._loaded_pool().check_embedder(self._embedder(llm).name)
+
+    async def check_served(self, llm: ChatModel) -> None:
+        """Where the embedding role names no model, one embedding request (:meth:`Pool.check_served`) says which
+        model serves it: a pool another model built is refused before the coordinator's first call, not at each
+        problem's first retrieval. A pool the run would retrieve nothing from (no entry of its domain) is not asked
+        about, as the run would not ask; an embedding the server refuses is left to the retrievals, which go
+        without hints and say so."""
+        if not self._reads_pool():
+            return
+        embed = self._embedder(llm)
+        pool = self._loaded_pool()
+        if embed.name == UNNAMED and any(entry.domain == self.domain.name for entry in pool.entries):
+            try:
+                await pool.check_served(embed)
+            except EndpointUnreachable:
+                raise  # it ends a run, as a chat call's does
+            except LLMError:
+                pass
+
+    def _reads_pool(self) -> bool:
+        """A pool is named and read: a single teacher teaches without it."""
+        p = self.params
+        return p.pool is not None and not (self.domain.teaching and p.teaching == "single")
 
     def _embedder(self, llm: ChatModel) -> Embedder:
         """The embedder of the queries: the endpoint's ``embedding`` model, or one all-MiniLM-L6-v2 for the run's
