@@ -4,7 +4,9 @@ with (one line naming the file and the variable), used by the run, recorded by t
 from __future__ import annotations
 
 import hashlib
+import json
 import os
+import sqlite3
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -15,13 +17,16 @@ import pytest
 from typer.testing import CliRunner
 
 from conftest import scripted_settings
+from scripted_runs import scripted_run
 from tmas.agents.overrides import check_overrides, packaged_source, packaged_variables
 from tmas.agents.templates import prompts_from, render
 from tmas.api import asolve
 from tmas.cli.main import app
 from tmas.config import load_settings
-from tmas.errors import ConfigError
+from tmas.errors import ConfigError, InputError
 from tmas.llm.types import Completion, Message
+from tmas.problems import Problem
+from tmas.runner import RunSetup
 from tmas.store.run_store import RunStore
 from tmas.testing import ScriptedModel, SimScript, SimServer
 
@@ -299,3 +304,42 @@ async def test_a_judge_template_override_is_refused_by_a_run_of_the_library(tmp_
     with pytest.raises(ConfigError, match=f"^{path}: grading always renders the packaged judge_system.j2 "):
         await asolve("What is 17*23?", model=model, run_dir=tmp_path / "run")
     assert not (tmp_path / "run").exists() and model.calls == []
+
+
+async def test_a_resume_refuses_an_override_edited_after_its_check(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Before, the resume's check read the overrides, then the run read them again: a template edited in between
+    # (while the estimate's gate waited, say) was sent to the problems left and recorded as the run's, beside
+    # finished problems solved with the text the check had compared.
+    text = packaged_source("tmas_verify.j2") + f"\n{MARK}\n"
+    path = write(tmp_path / "mine", "tmas_verify.j2", text)
+    params = {"n": 1, "m": 1, "iterations": 1}
+    settings = scripted_settings(method={"name": "tmas", "params": params}, prompts_dir=str(tmp_path / "mine"))
+    problems = [Problem(problem_id=f"p{i}", question=f"What is {i + 17}*23?") for i in range(2)]
+    run_dir = tmp_path / "run"
+    await scripted_run(ScriptedModel(SimScript(), settings), run_dir, problems)
+    with sqlite3.connect(run_dir / "run.sqlite") as db:  # stopped when p0 had finished and p1 had not begun
+        db.execute("DELETE FROM results WHERE problem_id = 'p1'")
+        db.execute("DELETE FROM calls WHERE problem_id = 'p1'")
+    checked = RunSetup.check_resume
+    edited = text.replace(MARK, "ZQX-EDITED-MEANWHILE")
+
+    def then_edit(self: RunSetup, *args: Any) -> None:
+        checked(self, *args)
+        path.write_text(edited, encoding="utf-8")
+
+    monkeypatch.setattr(RunSetup, "check_resume", then_edit)
+    model = ScriptedModel(SimScript(), settings)
+    with pytest.raises(InputError) as refused:
+        await scripted_run(model, run_dir)
+    sha = {t: hashlib.sha256(t.encode()).hexdigest() for t in (text, edited)}
+    assert str(refused.value) == (
+        f"{run_dir}: 1 finished problem was solved with prompt template tmas_verify.j2 {json.dumps(sha[text][:12])}"
+        f" (now {json.dumps(sha[edited][:12])}): resumed so, what finished would stay of the run's old settings;"
+        " resume without the change, or start a new run for it"
+    )
+    assert model.calls == []
+    with RunStore(run_dir, create=False) as store:
+        assert store.get_meta("prompt_overrides") == {"tmas_verify.j2": sha[text]}
+        assert [r.problem_id for r in store.results()] == ["p0"]

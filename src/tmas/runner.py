@@ -544,13 +544,18 @@ class RunSetup:
         if inputs := self.changed_inputs(store):
             raise _input_changed(store, count, inputs[0])
         changed = sorted(self.changed_requests(store) + self.changed_handling(store))
-        if not changed:
-            return
-        more = f" and {len(changed) - 3} more" if len(changed) > 3 else ""
-        raise InputError(
-            f"{store.run_dir}: {count} solved with {'; '.join(changed[:3])}{more}: resumed so, what finished would"
-            " stay of the run's old settings; resume without the change, or start a new run for it"
-        )
+        if changed:
+            raise _settings_changed(store, count, changed)
+
+    def check_prompts(self, store: RunStore) -> None:
+        """Refuse, as :meth:`check_resume` does, to resume ``store``'s run where the prompt overrides as this setup
+        read them (the text the run renders and records) are not those its finished problems were solved with: a
+        template edited after the resume's check (another setup's read) would otherwise be sent and recorded."""
+        finished = store.finished_problem_ids(run_fingerprint(self.method, self.settings))
+        changed = [c for c in self.changed_requests(store) if c.startswith("prompt template ")] if finished else []
+        if changed:
+            count = "1 finished problem was" if len(finished) == 1 else f"{len(finished)} finished problems were"
+            raise _settings_changed(store, count, changed)
 
     def settled(self, store: RunStore) -> set[str]:
         """The problems of ``store``'s run that a resume under this setup leaves as they are (:func:`run_problems`):
@@ -604,6 +609,16 @@ class RunSetup:
         store.set_meta("prompt_overrides", {o.name: o.sha256 for o in self.overrides})
         recorded = store.get_meta("method_inputs")
         store.set_meta("method_inputs", {**(recorded if isinstance(recorded, dict) else {}), **(inputs or {})})
+
+
+def _settings_changed(store: RunStore, count: str, changed: list[str]) -> InputError:
+    """The refusal of a run whose finished problems (``count`` of them) were solved with other requests: ``changed``,
+    each as ``NAME OLD (now NEW)``."""
+    more = f" and {len(changed) - 3} more" if len(changed) > 3 else ""
+    return InputError(
+        f"{store.run_dir}: {count} solved with {'; '.join(changed[:3])}{more}: resumed so, what finished would"
+        " stay of the run's old settings; resume without the change, or start a new run for it"
+    )
 
 
 def _input_changed(store: RunStore, count: str, name: str) -> InputError:
@@ -911,6 +926,10 @@ async def run_problems(
     prompts = sources_of(setup.overrides) if settings.prompts_dir else None
     with nullcontext() if store.holds_lock else RunLock(store.run_dir), prompts_from(prompts):
         inputs = pin_inputs(method, store, fingerprint)
+        if state.total > len(finished):
+            # The overrides this run renders, read once above: a resume's check read them before, and a template
+            # edited since would be sent beside what its finished problems were solved with.
+            setup.check_prompts(store)
         stats = ClientStats()
         log_dir = None if scratch else store.run_dir
         opened = open_model(settings, store, log_dir=log_dir, stats=stats, on_send=turns.sent, model=model)
