@@ -7,6 +7,7 @@ from fractions import Fraction
 
 import pytest
 
+from tmas.answer_classes import value_key
 from tmas.view.live_grades import exact_number, exact_verdict
 from tmas.view.mathtext import answer, latex_to_mathml, render_math_text, rich
 from tmas.view.runs import describe_model, params_line
@@ -133,10 +134,45 @@ def test_blocks_and_answers_keep_their_raw_text_one_click_away() -> None:
         ("2\\sqrt{2}", "\\sqrt{8}", None),
         ("\\sqrt{2}", "\\sqrt{2}", True),
         ("1/0", "5", None),
+        # Scientific notation as programs print it is the number it writes, as votes key it.
+        ("32500000", "3.25e7", True),
+        ("0.00042", "4.2E-4", True),
+        ("32500000", "3.25e6", False),
+        # A list is no number written with a thousands separator.
+        ("3, 125", "3125", None),
+        ("3125", "3, 125", None),
+        # Digits with leading zeros: only the same digits are checked, as the grading rules do.
+        ("017", "17", None),
+        ("017", "$017$", True),
     ],
 )
 def test_live_exact_rules_worked_by_hand(reference: str, given: str | None, verdict: bool | None) -> None:
     assert exact_verdict(reference, given) is verdict
+
+
+def test_the_live_check_calls_two_plain_numbers_equal_exactly_where_votes_key_them_as_one() -> None:
+    spellings = [
+        "4250000",
+        "4.25e6",
+        "4.25E+06",
+        "4250000.0",
+        "17/4",
+        "\\frac{17}{4}",
+        "\\frac74",
+        "1.75",
+        "4.25",
+        "-4.25",
+        "1{,}250",
+        "1250",
+        "1.25e3",
+        "2.5e-3",
+        "0.0025",
+        "1/400",
+    ]
+    for first in spellings:
+        for second in spellings:
+            same = value_key(first) == value_key(second)
+            assert exact_verdict(first, second) is same, (first, second)
 
 
 def test_exact_numbers() -> None:

@@ -3,8 +3,8 @@
 Two stages, cheapest first:
 
 1. :func:`value_key`: the spelling normalisation of :func:`tmas.answers.normalize_answer`, and plain numbers
-   (integers, decimals, scientific notation ``4.25e6``, fractions ``a/b`` and ``\\frac{a}{b}``) written as their
-   exact value;
+   (:func:`plain_number`: integers, decimals, scientific notation ``4.25e6``, fractions ``a/b``, ``\\frac{a}{b}``
+   and ``\\frac12``) written as their exact value;
 2. :func:`answer_classes`: the few distinct keys left are compared pairwise by an :class:`EquivalenceCheck` (the
    project's grading rules, Math-Verify, run in worker processes: see ``tmas.answer_rules.RuleEquivalence``), and
    keys found equal are merged. Two plain numbers never need the check: their keys are equal exactly when their
@@ -37,6 +37,8 @@ _SCIENTIFIC = re.compile(r"[+-]?(?:\d+\.?\d*|\.\d+)[eE]([+-]?\d+)")
 _MAX_EXPONENT = 100
 _SLASH = re.compile(r"([+-]?)(\d+)/(\d+)")
 _FRAC = re.compile(r"([+-]?)\\frac\{([+-]?\d+)\}\{([+-]?\d+)\}")
+# "\\frac12": a fraction of two digits without braces.
+_FRAC_DIGITS = re.compile(r"([+-]?)\\frac(\d)(\d)")
 
 
 class EquivalenceCheck(Protocol):
@@ -45,15 +47,16 @@ class EquivalenceCheck(Protocol):
     async def equivalent(self, first: str, second: str) -> bool: ...
 
 
-def _exact(text: str) -> Fraction | None:
-    """The exact value of a plain number, else None."""
+def plain_number(text: str) -> Fraction | None:
+    """The exact value of ``text`` (a :func:`tmas.answers.normalize_answer` spelling) where it is a plain number,
+    else None. Votes key answers by it, and the viewer's live grades compare numbers by it."""
     text = text.replace("{,}", "")  # LaTeX thousands separator: 1{,}000
     if _INTEGER.fullmatch(text) or _DECIMAL.fullmatch(text):
         return Fraction(text)
     scientific = _SCIENTIFIC.fullmatch(text)
     if scientific is not None:
         return Fraction(Decimal(text)) if abs(int(scientific.group(1))) <= _MAX_EXPONENT else None
-    match = _SLASH.fullmatch(text) or _FRAC.fullmatch(text)
+    match = _SLASH.fullmatch(text) or _FRAC.fullmatch(text) or _FRAC_DIGITS.fullmatch(text)
     if match is None:
         return None
     sign, numerator, denominator = match.groups()
@@ -68,12 +71,12 @@ def value_key(answer: str) -> str:
     """The key votes group ``answer`` by without any rule check: a plain number's exact value, else its normalized
     spelling."""
     text = normalize_answer(answer)
-    value = _exact(text)
+    value = plain_number(text)
     return text if value is None else str(value)
 
 
 def _is_number_key(key: str) -> bool:
-    return _exact(key) is not None
+    return plain_number(key) is not None
 
 
 async def answer_classes(answers: Iterable[str | None], check: EquivalenceCheck | None) -> dict[str, str]:

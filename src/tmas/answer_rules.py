@@ -266,7 +266,7 @@ def check_pair(gold: str, pred: str, timeout_s: int | None = 5, any_order: bool 
     gold = _listed(gold)
     if _PROSE.search(_clean(gold)):
         return RuleVerdict(None, "reference in words: not checked by the rules")
-    if _LEADING_ZEROS.search(_clean(gold)):
+    if leading_zeros(gold):
         if normalize_answer(_clean(gold)) == normalize_answer(_clean(pred)):
             return RuleVerdict(True, "same answer")
         return RuleVerdict(
@@ -356,6 +356,12 @@ def _distinct(offered: list[str], timeout_s: int | None, letters_are_unknowns: b
         if not any(same):
             kept.append((piece, parsed))
     return [piece for piece, _ in kept]
+
+
+def leading_zeros(reference: str) -> bool:
+    """Whether ``reference`` writes a number with leading zeros ("017", a code or the rows of a grid): then only the
+    same digits are that answer, whatever their value."""
+    return _LEADING_ZEROS.search(_clean(reference)) is not None
 
 
 def asks_for_all(question: str) -> bool:

@@ -6,10 +6,11 @@ gradings were recorded are read with the default grader (``combined``: the rules
 rules could not decide).
 
 The exact check decides what it can decide at once and nothing more: the same answer after the spelling
-normalization majority vote uses, or two exact numbers (integers, decimals, fractions as ``a/b`` or ``\\frac{a}{b}``)
-compared as rationals. Anything else (symbolic or textual answers) is left undecided for ``tmas report`` (Math-Verify
-and the LLM judge). Like ``tmas.answer_rules``, a "wrong" is only ever said between two numbers; an iteration that
-returned no answer at all is wrong.
+normalization majority vote uses, or two plain numbers (integers, decimals, scientific notation, fractions as ``a/b``
+or ``\\frac{a}{b}``: those votes key by their value) compared as rationals; a reference of digits with leading
+zeros ("017") only by its digits. Anything else (symbolic or textual answers) is left undecided for ``tmas report``
+(Math-Verify and the LLM judge). Like ``tmas.answer_rules``, a "wrong" is only ever said between two numbers; an
+iteration that returned no answer at all is wrong.
 """
 
 from __future__ import annotations
@@ -19,6 +20,8 @@ from dataclasses import dataclass, field
 from fractions import Fraction
 from functools import lru_cache
 
+from tmas.answer_classes import plain_number
+from tmas.answer_rules import leading_zeros
 from tmas.answers import last_boxed, normalize_answer
 from tmas.grading.grades import SELECTED, Grades, ItemKey
 from tmas.grading.runs import current_grades, last_grading, load_last_grades
@@ -29,37 +32,24 @@ from tmas.store.run_store import GradeRow, RunStore
 # The source of a verdict the viewer worked out itself (shown as "rules"; stored ones show their grading mode).
 LIVE = "live"
 
-_INTEGER = re.compile(r"[+-]?\d+")
-_DECIMAL = re.compile(r"[+-]?(\d+\.\d*|\.\d+)")
-_SLASH = re.compile(r"([+-]?\d+)/([+-]?\d+)")
-_FRAC = re.compile(r"([+-]?)\\frac\{([+-]?\d+)\}\{([+-]?\d+)\}")
-_FRAC_SHORT = re.compile(r"([+-]?)\\frac(\d)(\d)")
-# "1,000" or "1{,}000": thousands separators, only in their exact places.
-_THOUSANDS = re.compile(r"[+-]?\d{1,3}((\{,\}|,)\d{3})+")
+# "1,000": thousands separators, only in their exact places, and no space after them ("3, 125" is a list).
+_THOUSANDS = re.compile(r"[+-]?\d{1,3}(,\d{3})+")
+_LIST_COMMA = re.compile(r",(?:\s|\\[,;:! ~])")
 # "x=5", "n = 12": a single variable named before the value.
 _NAMED = re.compile(r"[A-Za-z]\w*=(.+)")
 
 
 def exact_number(answer: str) -> Fraction | None:
-    """The exact rational an answer spells, or None when it is not a plain number."""
+    """The exact rational an answer spells, or None when it is not a plain number: what votes read as one
+    (:func:`tmas.answer_classes.plain_number`), boxed or named ("n = 12") or not, "1,000" included."""
     text = normalize_answer(answer)
     boxed = last_boxed(text) if text.startswith("\\boxed") else None
     text = boxed if boxed is not None else text
     named = _NAMED.fullmatch(text)
     text = named.group(1) if named else text
-    if _THOUSANDS.fullmatch(text):
-        text = text.replace("{,}", "").replace(",", "")
-    try:
-        if _INTEGER.fullmatch(text) or _DECIMAL.fullmatch(text):
-            return Fraction(text)
-        if m := _SLASH.fullmatch(text):
-            return Fraction(int(m.group(1)), int(m.group(2)))
-        if m := _FRAC.fullmatch(text) or _FRAC_SHORT.fullmatch(text):
-            value = Fraction(int(m.group(2)), int(m.group(3)))
-            return -value if m.group(1) == "-" else value
-    except (ValueError, ZeroDivisionError):
-        return None
-    return None
+    if _THOUSANDS.fullmatch(text) and not _LIST_COMMA.search(answer):
+        text = text.replace(",", "")
+    return plain_number(text)
 
 
 @lru_cache(maxsize=100_000)
@@ -69,6 +59,8 @@ def exact_verdict(reference: str, answer: str | None) -> bool | None:
         return False
     if normalize_answer(reference) == normalize_answer(answer):
         return True
+    if leading_zeros(reference):  # a code or a grid's rows: only the same digits are that answer
+        return None
     gold, pred = exact_number(reference), exact_number(answer)
     if gold is None or pred is None:
         return None
