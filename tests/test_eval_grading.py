@@ -468,3 +468,24 @@ def test_a_reference_listing_its_items_with_and_is_a_list() -> None:
     # A reference with other words is still a sentence.
     assert check_pair("1 and odd primes", "1, \\text{odd primes}").correct is None
     assert check_pair("n \\text{ and } n+1 \\text{ coprime}", "n, n+1").correct is None
+
+
+def test_yes_no_answers_and_choice_letters_are_decided_by_the_rules() -> None:
+    # Math-Verify reads a word or a letter as unknowns: "Yes" against "No" and "F" against "H" went to the judge, which
+    # only cost its calls.
+    for same in ("NO", "no.", "\\text{NO}", "\\textbf{No}"):
+        assert check_pair("No", same).correct is True, same
+        assert check_pair(same, "No").correct is True, same
+    for other in ("Yes", "YES", "\\text{yes}."):
+        assert check_pair("No", other).correct is False, other
+        assert check_pair(other, "No").correct is False, other
+    assert check_pair("(F)", "H").correct is False
+    assert check_pair("F", "\\textbf{(H)}").correct is False
+    assert check_pair("F", "(F)").correct is True
+    # Anything more is still the judge's: a reason after the word, a letter with its option's text, two letters, an
+    # unknown in lower case, a word against a letter.
+    assert check_pair("No", "No, since 4 is even").correct is None
+    assert check_pair("F", "(H) 12").correct is None
+    assert check_pair("F", "FH").correct is None
+    assert check_pair("n", "k").correct is None
+    assert check_pair("No", "N").correct is None

@@ -121,6 +121,9 @@ _STAND_INS = (
     "alpha", "beta", "gamma", "delta", "zeta", "eta", "theta", "iota", "kappa",
     "mu", "nu", "xi", "sigma", "tau", "upsilon", "chi", "psi", "omega",
 )  # fmt: skip
+# A choice's letter alone, in brackets or not ("C", "(C)"), once spelling is normalized.
+_CHOICE_LETTER = re.compile(r"([A-Z])|\(([A-Z])\)")
+_YES_NO = frozenset({"yes", "no"})
 # Bounds on the numbers the exact check builds: beyond them it leaves the verdict to Math-Verify.
 _MAX_EXACT_BITS = 1 << 22
 _MAX_EXACT_ARGUMENT = 100_000
@@ -225,6 +228,29 @@ def _listed(gold: str) -> str:
     return gold if joined == gold or _WORD.search(joined) else joined
 
 
+def _closed_answer(answer: str) -> tuple[str, str] | None:
+    """What ``answer`` is where it is only a yes-or-no word (any case: "NO", "\\text{yes}.") or only a choice's
+    upper-case letter ("C", "\\textbf{(C)}"): its kind and its word or letter; None for anything else (a reason after
+    the word, an option's text after its letter, a lower-case letter, which may be an unknown)."""
+    text = normalize_answer(_clean(answer))
+    if text.lower() in _YES_NO:
+        return "yes-or-no", text.lower()
+    letter = _CHOICE_LETTER.fullmatch(text)
+    return ("choice", letter.group(1) or letter.group(2)) if letter else None
+
+
+def _closed_verdict(gold: str, pred: str) -> RuleVerdict | None:
+    """The verdict on two yes-or-no answers or two choice letters, which Math-Verify reads as products of unknowns
+    (it leaves "Yes" against "No" undecided): the same word or letter is right, another wrong. None where either is
+    something else."""
+    first, second = _closed_answer(gold), _closed_answer(pred)
+    if first is None or second is None or first[0] != second[0]:
+        return None
+    if first == second:
+        return RuleVerdict(True, f"the same {first[0]} answer")
+    return RuleVerdict(False, f"a different {first[0]} answer")
+
+
 def _letters(text: str) -> set[str]:
     return {m.group(2) for m in _CASED_LETTER.finditer(text) if m.group(2)}
 
@@ -259,6 +285,9 @@ def check_pair(gold: str, pred: str, timeout_s: int | None = 5, any_order: bool 
     single number that is several answers, none committed to (wrong); against a list it is compared as a list."""
     if normalize_answer(gold) == normalize_answer(pred):
         return RuleVerdict(True, "same answer")
+    closed = _closed_verdict(gold, pred)
+    if closed is not None:
+        return closed
     try:
         from math_verify import parse
     except ImportError:  # pragma: no cover - surfaced by the pool's owner
