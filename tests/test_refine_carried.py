@@ -221,3 +221,39 @@ def test_the_report_replays_the_cut_iterations_vote_and_pass_at_1_counts_the_cal
         # Pass@1 at iteration 1 counts the one call that came back (5: wrong); the held 7s were rollouts of iteration 0.
         it0m, it1m = compute_metrics(stored, grades).iterations
         assert it0m.pass1 == pytest.approx(2 / 3) and it1m.pass1 == 0.0
+
+
+def test_where_lost_finds_a_right_solution_a_refused_trajectory_holds_in_the_cut_last_iteration() -> None:
+    # Verify-Refine, gold 7. p: iteration 0 writes 5, 7, 5; iteration 1 writes 5, no answer (trajectory 1 carries its 7
+    # of iteration 0), 5; iteration 2, cut by the budget: trajectory 0's 5 came back, 1 and 2 were refused. The
+    # trajectories hold 5, 7 (written at iteration 0), 5 (written at iteration 1) there, as the run voted (5): the rule
+    # passed the right 7 over in the last iteration. Read as Pass@1 reads it (the one 5 that came back), refinement
+    # would seem to have lost it. q: iteration 0 writes 7, 5; iteration 1 writes 5 and its trajectory 1 is refused,
+    # holding its 5: no right solution is held there, so refinement lost the 7 (only earlier).
+    carried = {"index": 1, "answer": None, "meta": {"kept_previous": True, "carried_from": 0}}
+    results = [
+        {
+            "problem_id": "p",
+            "status": "done",
+            "iterations": [
+                _record(0, [{"index": i, "answer": a} for i, a in enumerate(["5", "7", "5"])], "5"),
+                _record(1, [{"index": 0, "answer": "5"}, carried, {"index": 2, "answer": "5"}], "5"),
+                {**_record(2, [{"index": 0, "answer": "5"}], "5"), "held_over": [1, 2]},
+            ],
+        },
+        {
+            "problem_id": "q",
+            "status": "done",
+            "iterations": [
+                _record(0, [{"index": 0, "answer": "7"}, {"index": 1, "answer": "5"}], "5"),
+                {**_record(1, [{"index": 0, "answer": "5"}], "5"), "held_over": [1]},
+            ],
+        },
+    ]
+    loaded = as_results(results, "verify_refine")
+    grades = _graded(loaded[0], "7")
+    grades.verdicts.update(_graded(loaded[1], "7").verdicts)
+    for stored in (loaded, [ProblemResult.model_validate(summarize_result(r)) for r in loaded]):
+        lost = where_lost("verify_refine", stored, grades, {}).selection
+        assert lost is not None
+        assert (lost.returned_right, lost.in_last, lost.only_earlier, lost.never_right) == (0, ["p"], ["q"], [])

@@ -4,9 +4,11 @@ Each part applies to a run by what its method declares (``traits``), never by it
 
 - **selection** (a method whose answer follows a selection rule, ``traits.selects``): of the graded problems whose
   returned answer is wrong, those with a right solution among those the trajectories hold in the last iteration (as
-  Pass@1 reads them: a refinement without an answer counts as the earlier solution its trajectory carries,
-  ``meta.carried_from``), those with right candidates only in earlier iterations (refinement lost them, or the rule
-  passed them over), and those with none;
+  the method's selection reads them, :func:`tmas.methods.selection.held`: a refinement without an answer counts as
+  the earlier solution its trajectory carries, ``meta.carried_from``, and in an iteration a budget stop cut short a
+  trajectory whose call it refused, ``IterationRecord.held_over``, as the solution it held at the iteration before),
+  those with right candidates only in earlier iterations (refinement lost them, or the rule passed them over), and
+  those with none;
 - **the verifier** (a method with a ``verifier`` role): of the verifications of right candidates and of wrong ones,
   the share that passed the candidate (score above 0.5: on the paper's 1 / 0.5 / 0 scale, "fully correct"), and the
   ROC area of the candidates' scores (roc.py). Verifications of candidates without an answer are left out and
@@ -38,11 +40,12 @@ from tmas.grading.grades import SELECTED, Grades
 from tmas.grading.run_results import load_results
 from tmas.methods import method_traits
 from tmas.methods.base import ReplyTally
+from tmas.methods.selection import held
 from tmas.reports.document import Document, Heading, Paragraph, Table
-from tmas.reports.metrics import held_at, labeled_results
+from tmas.reports.metrics import labeled_results
 from tmas.reports.reply_quality import role_replies, share
 from tmas.reports.roc import ScoreSeparation, score_separation
-from tmas.store.records import IterationRecord, ProblemResult
+from tmas.store.records import Candidate, IterationRecord, ProblemResult
 from tmas.store.run_store import RunStore
 
 # The role whose verdicts the verifier part reads (TMAS's verification agent, Verify-Refine's verifier).
@@ -145,11 +148,27 @@ def _right_candidate(pid: str, record: IterationRecord, grades: Grades) -> bool:
     return any(grades.majority_correct((pid, record.iteration, c.index)) for c in record.candidates)
 
 
-def _right_held(result: ProblemResult, record: IterationRecord, grades: Grades) -> bool:
-    """Whether a solution the trajectories hold at ``record``'s iteration is right, each graded where it was
-    written (a carried solution at the iteration it names)."""
+def _held_last(result: ProblemResult) -> list[tuple[int, Candidate]]:
+    """The solutions ``result``'s trajectories hold in its last iteration, as the method's selection chose from them
+    (:func:`held`): a carried solution, and a held-over one where a budget stop refused the trajectory's call
+    (``IterationRecord.held_over``), each with the iteration it was written in (its grades' key). Unlike Pass@1's
+    reading (:func:`tmas.reports.metrics.held_at`), a held-over solution counts: it was among those the rule passed
+    over. A sample stopped while it streamed (``meta.stopped_early``) holds none and is left out."""
+    if not result.iterations:
+        return []
+    by_iteration = {record.iteration: record for record in result.iterations}
+    rows = [by_iteration.get(t) for t in range(result.iterations[-1].iteration + 1)]
+    solutions = held(
+        [r.candidates if r else [] for r in rows], len(rows) - 1, [r.held_over if r else None for r in rows]
+    )
+    written = {id(c): record.iteration for record in result.iterations for c in record.candidates}
+    return [(written[id(c)], c) for c in solutions if not c.meta.stopped_early]
+
+
+def _right_held(result: ProblemResult, grades: Grades) -> bool:
+    """Whether a solution the trajectories hold in the last iteration is right, each graded where it was written."""
     pid = result.problem_id
-    return any(grades.majority_correct((pid, written, c.index)) for written, c in held_at(result, record))
+    return any(grades.majority_correct((pid, written, c.index)) for written, c in _held_last(result))
 
 
 def selection_losses(labeled: list[ProblemResult], grades: Grades) -> SelectionLosses:
@@ -158,7 +177,7 @@ def selection_losses(labeled: list[ProblemResult], grades: Grades) -> SelectionL
         pid, records = result.problem_id, result.iterations
         if records and grades.majority_correct((pid, records[-1].iteration, SELECTED)):
             out.returned_right += 1
-        elif records and _right_held(result, records[-1], grades):
+        elif records and _right_held(result, grades):
             out.in_last.append(pid)
         elif any(_right_candidate(pid, record, grades) for record in records[:-1]):
             out.only_earlier.append(pid)
@@ -275,9 +294,9 @@ def _selection_part(doc: Document, runs: list[tuple[str, SelectionLosses]]) -> N
         Paragraph(
             "Shares of the run's graded problems (Problems). Wrong, right among the candidates: the returned answer is "
             "wrong though a right candidate was written, in the last iteration (among the solutions its trajectories "
-            "hold, as Pass@1 reads them: the rule passed it over) or only in earlier ones (refinement lost it, or a "
-            "rule choosing from every iteration passed it over). Wrong, no right candidate: no candidate of any "
-            "iteration was right (a problem that failed before any iteration included)."
+            "hold, as the rule chose from them: the rule passed it over) or only in earlier ones (refinement lost "
+            "it, or a rule choosing from every iteration passed it over). Wrong, no right candidate: no candidate of "
+            "any iteration was right (a problem that failed before any iteration included)."
         )
     )
     rows = [
