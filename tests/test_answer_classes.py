@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from conftest import scripted_settings
-from tmas.answer_classes import MAX_COMPARED, answer_classes, class_of, value_key
+from tmas.answer_classes import MAX_COMPARED, answer_classes, asks_check, class_of, value_key
 from tmas.api import asolve
 from tmas.methods.base import Candidate
 from tmas.methods.selection import select
@@ -64,6 +64,26 @@ def test_plain_numbers_are_keyed_by_their_exact_value() -> None:
     assert value_key("2.5e-05") == value_key("0.000025")
     assert value_key("4.25e6") != value_key("4.25e5")
     assert value_key("1e400") == "1e400"  # too long to write out: left to the rules
+
+
+def test_numbers_written_with_leading_zeros_are_keyed_by_their_digits() -> None:
+    # Grading reads a reference with leading zeros (a code, a grid's rows) by its digits: "17" is not "017". The vote
+    # read both as the number 17 and counted them as one answer, so a wrong "17" voted for a right "017".
+    assert value_key("017") == "017" != value_key("17")
+    assert len({value_key(a) for a in ["017", "0017", "17", "-017", "05.5", "5.5", "1/02", "1/2"]}) == 8
+    assert value_key("$017$") == value_key("\\text{017}.") == "017"
+    # Written without leading zeros, the same number is still one answer; zeros of a group, a fraction's digits or
+    # an exponent are no leading zeros.
+    assert value_key("17") == value_key("17.0") == value_key("17.00") == "17"
+    assert value_key("0.05") == value_key("1/20") == "1/20"
+    assert value_key("0") == "0"
+    assert value_key("1{,}024") == "1024"
+    assert value_key("2.5e-05") == value_key("2.5E-05") == value_key("0.000025")
+    # Two of these are never sent to the rules: their keys tell them apart as the rules would.
+    assert not asks_check(["017", "17", "17.0"])
+    # In a vote: 5 holds three votes against two each for 017 and 17, not four for one answer 17.
+    bare = [cand(i, a) for i, a in enumerate(["5", "5", "5", "017", "017", "17", "17.0"])]
+    assert select(bare, "numeric", "vote") is bare[0]
 
 
 async def test_classes_merge_the_keys_the_check_finds_equal_in_first_seen_order() -> None:
@@ -252,6 +272,16 @@ async def test_majority_vote_counts_values_in_a_run(tmp_path: Path) -> None:
     assert len(model.calls_of("solution")) == 5
     assert result.answer is not None and value_key(result.answer) == "1/4"
     assert result.iterations[0].state["votes"] == {"1/4": 3, "2": 2}
+
+
+async def test_majority_vote_keeps_digits_with_leading_zeros_apart_in_a_run(tmp_path: Path) -> None:
+    # "017" three times, 17 twice (spelled two ways): the run's vote was {"17": 5}.
+    replies = [f"So the answer is \\boxed{{{a}}}." for a in ["017", "17", "017", "17.0", "017"]]
+    settings = scripted_settings(concurrency=1, method={"name": "majority", "params": {"k": 5}})
+    model = ScriptedModel(SimScript(rules=[Rule(role="solution", replies=replies)]), settings)
+    result = await asolve("Which code opens the lock?", model=model, run_dir=tmp_path / "run")
+    assert result.answer == "017"
+    assert result.iterations[0].state["votes"] == {"017": 3, "17": 2}
 
 
 @pytest.mark.slow

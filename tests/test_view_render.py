@@ -175,6 +175,17 @@ def test_the_live_check_calls_two_plain_numbers_equal_exactly_where_votes_key_th
             assert exact_verdict(first, second) is same, (first, second)
 
 
+def test_votes_key_two_numbers_as_one_exactly_where_the_live_check_calls_each_the_other_right() -> None:
+    # Digits with leading zeros are the answer, not their value: against "017" only "017" is right. Votes keyed "017"
+    # and "17" as one answer (the number 17) that the live check (and the grading rules) kept apart.
+    spellings = ["017", "17", "17.0", "0017", "$017$", "-017", "-17", "05.5", "5.5", "11/2", "1/02", "1/2", "0.5"]
+    for first in spellings:
+        for second in spellings:
+            same = value_key(first) == value_key(second)
+            both = exact_verdict(first, second) is True and exact_verdict(second, first) is True
+            assert both is same, (first, second)
+
+
 def test_exact_numbers() -> None:
     assert exact_number("\\frac{6}{8}") == Fraction(3, 4)
     assert exact_number("12.50") == Fraction(25, 2)

@@ -4,11 +4,12 @@ Two stages, cheapest first:
 
 1. :func:`value_key`: the spelling normalisation of :func:`tmas.answers.normalize_answer`, and plain numbers
    (:func:`plain_number`: integers, decimals, scientific notation ``4.25e6``, fractions ``a/b``, ``\\frac{a}{b}``
-   and ``\\frac12``) written as their exact value;
+   and ``\\frac12``) written as their exact value, but a number written with leading zeros (``017``, a code or the
+   rows of a grid) by its digits, as grading reads it (:func:`has_leading_zeros`);
 2. :func:`answer_classes`: the few distinct keys left are compared pairwise by an :class:`EquivalenceCheck` (the
    project's grading rules, Math-Verify, run in worker processes: see ``tmas.answer_rules.RuleEquivalence``), and
-   keys found equal are merged. Two plain numbers never need the check: their keys are equal exactly when their
-   values are (so integer answers cost no check at all).
+   keys found equal are merged. Two plain numbers never need the check: their keys are equal exactly when they
+   are one answer (so integer answers cost no check at all).
 
 Without a check (Math-Verify is in the ``eval`` extra, not the core install) the first stage alone groups answers.
 """
@@ -39,6 +40,10 @@ _SLASH = re.compile(r"([+-]?)(\d+)/(\d+)")
 _FRAC = re.compile(r"([+-]?)\\frac\{([+-]?\d+)\}\{([+-]?\d+)\}")
 # "\\frac12": a fraction of two digits without braces.
 _FRAC_DIGITS = re.compile(r"([+-]?)\\frac(\d)(\d)")
+# A number written with leading zeros ("017", "001020,010300": a code or the rows of a grid): its digits are the
+# answer, whatever their value. Not the groups of a number written with separators (1,024 or 1{,}024), nor an exponent
+# (1e-05).
+_LEADING_ZEROS = re.compile(r"(?<![\d.,}eE])(?<![eE][+-])0\d")
 
 
 class EquivalenceCheck(Protocol):
@@ -66,13 +71,21 @@ def plain_number(text: str) -> Fraction | None:
     return -value if sign == "-" else value
 
 
+def has_leading_zeros(text: str) -> bool:
+    """Whether ``text`` writes a number with leading zeros ("017", a code or the rows of a grid): then its digits are
+    the answer, not their value. The grading rules read a reference so (:func:`tmas.answer_rules.leading_zeros`),
+    and votes an answer."""
+    return _LEADING_ZEROS.search(text) is not None
+
+
 @lru_cache(maxsize=100_000)  # a pure function of the answer; a big run's metrics ask it of 100,000 candidates
 def value_key(answer: str) -> str:
     """The key votes group ``answer`` by without any rule check: a plain number's exact value, else its normalized
-    spelling."""
+    spelling. A number written with leading zeros keys by its spelling: "017" and "17" are two answers, as grading
+    against "017" keeps them apart, while "17" and "17.0" are one."""
     text = normalize_answer(answer)
     value = plain_number(text)
-    return text if value is None else str(value)
+    return text if value is None or has_leading_zeros(text) else str(value)
 
 
 def _is_number_key(key: str) -> bool:

@@ -27,6 +27,7 @@ from multiprocessing.connection import Connection
 from types import TracebackType
 from typing import Any
 
+from tmas.answer_classes import has_leading_zeros
 from tmas.answers import normalize_answer
 from tmas.errors import TmasError
 
@@ -65,11 +66,6 @@ _PROSE = re.compile(
 _LIST_AND = re.compile(r"\s*,?\s*(?:\\text\s*\{\s*,?\s*and\s*\}|\band\b)\s*", re.I)
 # A word of a sentence: three letters or more outside a command's name ("odd", "primes").
 _WORD = re.compile(r"(?<![\\A-Za-z])[A-Za-z]{3,}")
-
-# A number written with leading zeros ("001020,010300", a code or the rows of a grid): the digits are the answer, but
-# Math-Verify reads their value (1020) and a list of them as a set, so its "equal" would accept other strings. Not the
-# groups of a number written with separators (1,024 or 1{,}024), nor an exponent (1e-05).
-_LEADING_ZEROS = re.compile(r"(?<![\d.,}eE])(?<![eE][+-])0\d")
 
 
 # Words and signs that offer another answer beside the first: "3 or 4", "3 (maybe 4)", "x = 3, but possibly 4",
@@ -389,8 +385,10 @@ def _distinct(offered: list[str], timeout_s: int | None, letters_are_unknowns: b
 
 def leading_zeros(reference: str) -> bool:
     """Whether ``reference`` writes a number with leading zeros ("017", a code or the rows of a grid): then only the
-    same digits are that answer, whatever their value."""
-    return _LEADING_ZEROS.search(_clean(reference)) is not None
+    same digits are that answer, whatever their value. Math-Verify reads their value (1020 for "001020") and a list of
+    them as a set, so its "equal" would accept other strings; votes key such an answer by its digits as well
+    (:func:`tmas.answer_classes.has_leading_zeros`)."""
+    return has_leading_zeros(_clean(reference))
 
 
 def asks_for_all(question: str) -> bool:
