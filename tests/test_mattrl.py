@@ -891,6 +891,36 @@ async def test_reviews_that_finished_before_the_budget_stop_stay_in_the_transcri
     assert result.iterations[-1].notes[-3:-1] == ["S2: 0 of 2 reviews came back", "S3: 0 of 2 reviews came back"]
 
 
+@pytest.mark.parametrize("domain", ["math", "medicine"])
+async def test_a_review_whose_retry_the_budget_refused_keeps_its_first_reply_in_the_record(domain: str) -> None:
+    # The team (1 call) and three opinions (3), then the reviews of S1 by S2 and S3 (6 calls); the rest are refused.
+    # S2's review does not parse: its retry would be the 7th call, and the budget refuses it. Its reply was answered
+    # and spent: the round's record keeps it (its call, and the reason it is no review) and says the retry was refused.
+    unusable = Rule(role="reviewer", replies=["no review here"], times=1)
+    result, model = await run([unusable], settings_extra={"budget": {"calls": 6}}, domain=domain, iterations=2)
+    assert result.stopped_reason == "budget" and by_role(model)["reviewer"] == 2
+    [record] = result.iterations
+    first, second = model.calls_of("reviewer")
+    assert first.reply.content == "no review here"
+    reviews = [u for u in transcript(result).utterances if u.kind == "review"]
+    # In pair order: S2's review of S1, whose reply was unusable (no text, as any unusable review), then S3's.
+    assert [(u.agent, u.target, u.call_id) for u in reviews] == [
+        ("S2", "S1", first.reply.call_id),
+        ("S3", "S1", second.reply.call_id),
+    ]
+    assert [u.text for u in reviews] == ["", second.reply.content]
+    [refused] = [n for n in record.notes if n.startswith("review of S1 by S2: unusable (")]
+    assert refused.endswith("; the budget refused its retry")
+    # The review did not finish: S1 is not judged from the one that did, and the record counts what came back.
+    assert record.notes[-4:-1] == [
+        "S1: 1 of 2 reviews came back",
+        "S2: 0 of 2 reviews came back",
+        "S3: 0 of 2 reviews came back",
+    ]
+    assert [m["converged"] for m in record.state["members"]] == [False, False, False]
+    assert record.calls == 6 and record.replies["reviewer"].unusable == 1
+
+
 async def test_a_specialist_whose_reviews_all_came_back_before_the_budget_stop_is_judged_and_scored() -> None:
     # S3's slip is reviewed second; budget 7: the team, three opinions, then S1's two reviews (both accept, 391 is
     # right) and one of S2's before the budget refuses the rest.

@@ -24,7 +24,7 @@ from abc import ABC, abstractmethod
 from collections import Counter
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Protocol, TypeVar
+from typing import Any, Protocol, TypeVar, cast
 
 from pydantic import BaseModel
 
@@ -48,7 +48,7 @@ from tmas.answers import normalize_answer
 from tmas.llm.types import Completion, Message
 from tmas.memory.similarity import jaccard
 from tmas.memory.transcript import TeamMember, Transcript, Utterance
-from tmas.methods.base import ProblemSession, gather_all
+from tmas.methods.base import BudgetExhausted, ProblemSession, gather_all
 
 # A parsed peer review: a math review or a medicine critique of a differential.
 ReviewT = TypeVar("ReviewT", Review, DifferentialReview)
@@ -95,6 +95,16 @@ class ReviewParams(Protocol):
 
 # Seat id -> the reviews of its attempt this round.
 Reviews = dict[str, list[Any]]
+
+
+class ReviewRefused(BudgetExhausted):
+    """The budget refused a review's retry: the unusable review its reply that came back gives, and that reply (its
+    call was answered and spent), kept in the round's transcript; the stop goes on up as any other."""
+
+    def __init__(self, detail: str, review: Review | DifferentialReview, reply: Completion | None) -> None:
+        super().__init__(detail)
+        self.review = review
+        self.reply = reply
 
 
 class PeerReview(ABC):
@@ -152,13 +162,20 @@ class PeerReview(ABC):
         """The reviews of round ``r``, ``one(target, reviewer)`` for each (target, reviewer) pair, all at once, into
         ``reviews``: the id of each of the ``active`` seats -> its reviews, each in the transcript. Reviews and their
         notes are listed in pair order, whatever order they came back in. When the budget stops the round, the reviews
-        that finished are in the transcript all the same (their calls were answered and spent), ``reviews`` holds the
-        seats all of whose reviews came back, a note says how many came back of each other seat's, and the stop goes
-        on up."""
+        that finished are in the transcript all the same (their calls were answered and spent), and so is a review
+        whose retry the budget refused (:class:`ReviewRefused`: its unusable reply, which did not finish it);
+        ``reviews`` holds the seats all of whose reviews came back, a note says how many came back of each other
+        seat's, and the stop goes on up."""
         done: dict[int, tuple[ReviewT, Completion | None]] = {}
+        refused: set[int] = set()
 
         async def keep(i: int, target: Seat, reviewer: Seat) -> None:
-            done[i] = await one(target, reviewer)
+            try:
+                done[i] = await one(target, reviewer)
+            except ReviewRefused as stop:
+                done[i] = (cast(ReviewT, stop.review), stop.reply)
+                refused.add(i)
+                raise
 
         start = len(notes)
         try:
@@ -170,7 +187,8 @@ class PeerReview(ABC):
                 if i not in done:
                     continue
                 review, reply = done[i]
-                got[target.member.id].append(review)
+                if i not in refused:
+                    got[target.member.id].append(review)
                 transcript.utterances.append(
                     Utterance(
                         round=r,
@@ -198,16 +216,27 @@ class PeerReview(ABC):
         reply_model: type[BaseModel],
         parse: Callable[[Completion], ReviewT],
         fields: Callable[[ReviewT], list[tuple[str, str | None]]],
-    ) -> tuple[ReviewT | None, Completion | None, str]:
+    ) -> tuple[ReviewT | None, Completion | None, str, bool]:
         """One peer review, asked again (within ``retries``) when the call failed, the reply could not be read or it
-        echoed its instructions; (None, the last reply, why) when no attempt gave a usable review."""
+        echoed its instructions; (None, the last reply, why, refused) when no attempt gave a usable review, ``refused``
+        where the budget refused a retry (the reply is then the last that came back). A first call the budget refuses
+        raises :class:`BudgetExhausted`: nothing of the review came back."""
         guard = EchoGuard.of(messages)
         why = ""
         reply: Completion | None = None
         for attempt in range(1 + self.params.retries):
-            reply = await session.chat(
-                "reviewer", messages, sample=sample + attempt * RETRY_OFFSET, reply_model=reply_model, attempt=attempt
-            )
+            try:
+                reply = await session.chat(
+                    "reviewer",
+                    messages,
+                    sample=sample + attempt * RETRY_OFFSET,
+                    reply_model=reply_model,
+                    attempt=attempt,
+                )
+            except BudgetExhausted:
+                if reply is None:
+                    raise
+                return None, reply, why, True
             if not reply.ok:
                 why = reply.error or "call failed"
                 continue
@@ -225,8 +254,30 @@ class PeerReview(ABC):
                 session.tally("reviewer").echo += 1
                 why = f"its {echoed} echoes the prompt's instructions"
                 continue
-            return review, reply, ""
-        return None, reply, why
+            return review, reply, "", False
+        return None, reply, why, False
+
+    @staticmethod
+    def unusable(
+        session: ProblemSession,
+        reviewer: Seat,
+        target: Seat,
+        why: str,
+        refused: bool,
+        reply: Completion | None,
+        unreadable: Callable[[str, str, str], ReviewT],
+        counted: str,
+        notes: list[str],
+    ) -> ReviewT:
+        """The review that stands for one no attempt made usable (``counted``: what it counts as), noted; where the
+        budget refused its retry, :class:`ReviewRefused` carries it and its reply up with the stop."""
+        review = unreadable(reviewer.member.id, target.member.id, why)
+        said = f"review of {target.member.id} by {reviewer.member.id}: unusable ({why})"
+        if refused:
+            notes.append(f"{said}; the budget refused its retry")
+            raise ReviewRefused(session.budget_stop or "budget spent", review, reply)
+        notes.append(f"{said}; {counted}")
+        return review
 
 
 class VerdictReview(PeerReview):
@@ -295,7 +346,7 @@ class VerdictReview(PeerReview):
     async def _review(
         self, session: ProblemSession, reviewer: Seat, target: Seat, team: int, notes: list[str]
     ) -> tuple[Review, Completion | None]:
-        review, reply, why = await self.ask(
+        review, reply, why, refused = await self.ask(
             session,
             review_prompt(session.problem.question, reviewer.member, target.member, target.attempt),
             REVIEW_SAMPLE + target.index * team + reviewer.index,
@@ -305,8 +356,8 @@ class VerdictReview(PeerReview):
         )
         if review is not None:
             return review, reply
-        notes.append(f"review of {target.member.id} by {reviewer.member.id}: unusable ({why}); counted as revise")
-        return unreadable_review(reviewer.member.id, target.member.id, why), reply
+        counted = "counted as revise"
+        return self.unusable(session, reviewer, target, why, refused, reply, unreadable_review, counted, notes), reply
 
     def meeting(
         self, seats: list[Seat], active: list[Seat], reviews: Reviews, r: int, transcript: Transcript, seen: list[str]
@@ -392,7 +443,7 @@ class DifferentialCritique(PeerReview):
     async def _critique(
         self, session: ProblemSession, reviewer: Seat, target: Seat, team: int, notes: list[str]
     ) -> tuple[DifferentialReview, Completion | None]:
-        review, reply, why = await self.ask(
+        review, reply, why, refused = await self.ask(
             session,
             differential_review_prompt(session.problem.question, reviewer.member, target.member, target.attempt),
             REVIEW_SAMPLE + target.index * team + reviewer.index,
@@ -407,8 +458,8 @@ class DifferentialCritique(PeerReview):
         )
         if review is not None:
             return review, reply
-        notes.append(f"review of {target.member.id} by {reviewer.member.id}: unusable ({why}); nothing shared")
-        return unreadable_differential_review(reviewer.member.id, target.member.id, why), reply
+        unreadable = unreadable_differential_review
+        return self.unusable(session, reviewer, target, why, refused, reply, unreadable, "nothing shared", notes), reply
 
     def meeting(
         self, seats: list[Seat], active: list[Seat], reviews: Reviews, r: int, transcript: Transcript, seen: list[str]
