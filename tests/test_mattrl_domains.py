@@ -655,3 +655,89 @@ async def test_a_pretest_the_budget_stopped_the_teaching_after_is_kept_and_answe
     assert (record.state["pre"], record.state["pre_correct"]) == ("A", False)
     assert result.text == model.calls[0].reply.content
     assert record.notes[-1] == "stopped: budget spent (1 calls of a budget of 1) in iteration 0"
+
+
+@pytest.mark.parametrize(
+    ("teaching", "iterations", "calls", "turns", "cut", "stages"),
+    [
+        # Team of 3: the pre-test, the team, then two of round 1's three analyses before the third is refused.
+        ("team", 2, 4, [("S1", "opinion"), ("S2", "opinion")], "2 of 3 analyses came back", []),
+        # The analyses and the planned question came back; the student's reply is refused.
+        (
+            "team",
+            2,
+            6,
+            [("S1", "opinion"), ("S2", "opinion"), ("S3", "opinion"), ("coordinator", "meeting")],
+            "the student's reply was refused",
+            [],
+        ),
+        # The last round's student reply came back; the closing guidance is refused.
+        (
+            "team",
+            1,
+            7,
+            [
+                ("S1", "opinion"),
+                ("S2", "opinion"),
+                ("S3", "opinion"),
+                ("coordinator", "meeting"),
+                ("student", "opinion"),
+            ],
+            "the closing guidance was refused",
+            ["dialogue"],
+        ),
+        # A single teacher's question came back; the student's reply is refused.
+        ("single", 2, 2, [("S1", "opinion")], "the student's reply was refused", []),
+        # The closing guidance came back; the post-test is refused.
+        (
+            "single",
+            1,
+            4,
+            [("S1", "opinion"), ("student", "opinion"), ("S1", "report")],
+            "the post-test was refused",
+            ["dialogue"],
+        ),
+    ],
+)
+async def test_a_teaching_round_the_budget_cut_keeps_its_finished_turns(
+    teaching: str, iterations: int, calls: int, turns: list[tuple[str, str]], cut: str, stages: list[str]
+) -> None:
+    problem = Problem(problem_id="q1", question=QUESTION, answer="B", metadata=METADATA)
+    result, model = await run_scripted(
+        "mattrl",
+        question=problem,
+        domain="education",
+        teaching=teaching,
+        iterations=iterations,
+        settings={"budget": {"calls": calls}},
+    )
+    assert len(model.calls) == calls
+    assert (result.status, result.stopped_reason, result.answer) == ("done", "budget", "A")
+    # Round 1 was cut: its record keeps the turns that came back (each with its call), and its calls.
+    assert [r.iteration for r in result.iterations] == [0, 1]
+    record = result.iterations[1]
+    t = Transcript.model_validate(record.state["transcript"])
+    said = t.by_round(1)
+    assert [(u.agent, u.kind) for u in said] == turns
+    answered = {c.reply.call_id: c.reply.content for c in model.calls}
+    assert all(u.call_id in answered and u.text == answered[u.call_id] for u in said)
+    assert [c.meta.stage for c in record.candidates] == stages
+    assert record.calls == calls - 1 - (teaching == "team")
+    assert (record.selected, record.state["pre"], record.state.get("post")) == ("A", "A", None)
+    assert record.notes[-1] == (
+        f"stopped: budget spent ({calls} calls of a budget of {calls}) in iteration 1; round 1 was cut by the budget"
+        f" ({cut}): its finished turns are kept, and the pre-test's answer stands"
+    )
+    assert result.text == model.calls[0].reply.content
+
+
+async def test_a_teaching_round_the_budget_refused_whole_leaves_no_record() -> None:
+    # The pre-test, the team, round 1 whole (3 analyses, the plan, the student's reply: 7 calls); round 2's first
+    # analysis is refused. Nothing of round 2 came back: no record of it, and round 1's says where the run stopped.
+    problem = Problem(problem_id="q1", question=QUESTION, answer="B", metadata=METADATA)
+    result, model = await run_scripted(
+        "mattrl", question=problem, domain="education", iterations=2, settings={"budget": {"calls": 7}}
+    )
+    assert len(model.calls) == 7 and result.stopped_reason == "budget" and result.answer == "A"
+    assert [r.iteration for r in result.iterations] == [0, 1]
+    assert result.iterations[1].notes[-1] == "stopped: budget spent (7 calls of a budget of 7) in iteration 2"

@@ -4,7 +4,8 @@ Record 0 is the student's pre-test (role ``student``). A right pre-test ends the
 (C.1). Otherwise the teaching runs ``iterations`` dialogue rounds, one record each: a single teacher (role
 ``specialist``) asks a question, or a recruited team (catalog of Table 8) writes role-specific analyses, with
 retrieved experience when a pool is configured, and the coordinator plans the round's question from them; the
-student replies. The last round's record also holds the closing guidance and the post-test. The teachers know the
+student replies. The last round's record also holds the closing guidance and the post-test. A round the budget cuts
+part way is recorded with the turns of it that came back, and a note of where the budget cut it. The teachers know the
 reference answer (the paper's setting), so this domain reads ``problem.answer``; the student never sees it.
 
 Retrieval (C.1.1) is keyed by the teacher's role and the question's subject and difficulty (the domain's
@@ -147,23 +148,39 @@ async def teach(
         session.begin_iteration(r)
         state.round = r
         notes = []
-        case = Case(problem.question, gold, pre_letter, pre.content, dialogue)
-        asked = await _question(session, case, r, rounds, members, retrieve, transcript, notes)
-        reply = await session.chat(
-            "student", student_reply_prompt(problem.question, dialogue, asked, pretest=pre.content.strip())
-        )
-        if not reply.ok or not reply.content.strip():
-            notes.append(f"round {r}: the student's reply failed ({reply.error or 'empty reply'})")
-        transcript.utterances.append(
-            Utterance(round=r, agent="student", kind="opinion", text=reply.content, call_id=reply.call_id)
-        )
-        dialogue = (*dialogue, Turn(teacher=asked, student=reply.content.strip()))
-        candidates = [_candidate(0, reply, None, "dialogue")]
-        if r == rounds:
+        candidates = []
+        try:
             case = Case(problem.question, gold, pre_letter, pre.content, dialogue)
-            post, post_letter = await _post_test(session, case, rounds, bool(members), transcript, notes)
-            state.post, state.post_correct = post_letter, _same(post_letter, gold)
-            candidates.append(_candidate(1, post, post_letter, "post-test"))
+            asked = await _question(session, case, r, rounds, members, retrieve, transcript, notes)
+            reply = await session.chat(
+                "student", student_reply_prompt(problem.question, dialogue, asked, pretest=pre.content.strip())
+            )
+            if not reply.ok or not reply.content.strip():
+                notes.append(f"round {r}: the student's reply failed ({reply.error or 'empty reply'})")
+            transcript.utterances.append(
+                Utterance(round=r, agent="student", kind="opinion", text=reply.content, call_id=reply.call_id)
+            )
+            dialogue = (*dialogue, Turn(teacher=asked, student=reply.content.strip()))
+            candidates = [_candidate(0, reply, None, "dialogue")]
+            if r == rounds:
+                case = Case(problem.question, gold, pre_letter, pre.content, dialogue)
+                post, post_letter = await _post_test(session, case, rounds, bool(members), transcript, notes)
+                state.post, state.post_correct = post_letter, _same(post_letter, gold)
+                candidates.append(_candidate(1, post, post_letter, "post-test"))
+        except BudgetExhausted:
+            # The pre-test's letter stands, as every record before the post-test says. The turns of the round that
+            # came back were answered and spent: its record keeps them, unless none did (no method records an
+            # iteration the stop refused whole; the record before says where the run stopped).
+            if transcript.by_round(r):
+                stop = session.budget_stop or "budget spent"
+                notes.append(
+                    f"stopped: {stop}; round {r} was cut by the budget ({_cut(r, members, transcript)}): its"
+                    " finished turns are kept, and the pre-test's answer stands"
+                )
+                session.end_iteration(candidates, selected=pre_letter, state=state, notes=notes)
+            result = session.result(name, answer=pre_letter, text=pre.content)
+            session.budget_stopped(result)
+            return result
         session.end_iteration(
             candidates,
             selected=post_letter if r == rounds else pre_letter,
@@ -171,6 +188,24 @@ async def teach(
             notes=notes,
         )
     return session.result(name, answer=post_letter, text=post.content)
+
+
+def _cut(r: int, members: list[TeamMember], transcript: Transcript) -> str:
+    """Where the budget cut round ``r``, read from the turns of it that came back (each is in ``transcript`` once its
+    call has come back): the first turn of the round missing."""
+    said = transcript.by_round(r)
+    analyses = [u for u in said if u.kind == "opinion" and u.agent != "student"]
+    if members and len(analyses) < len(members):
+        return f"{len(analyses)} of {len(members)} analyses came back"
+    if not members and not analyses:
+        return "the teacher's question was refused"
+    if members and not any(u.kind == "meeting" for u in said):
+        return "the planned question was refused"
+    if not any(u.agent == "student" for u in said):
+        return "the student's reply was refused"
+    if not any(u.kind == "report" for u in said):
+        return "the closing guidance was refused"
+    return "the post-test was refused"
 
 
 async def _question(
@@ -200,20 +235,7 @@ async def _question(
         messages = teacher_prompt(case, task="analyse", round_=r, rounds=rounds, member=member, hints=hints)
         return member, await session.chat("specialist", messages, sample=index), hints
 
-    analyses = await gather_all(analyse(i, m) for i, m in enumerate(members))
-    for member, reply, hints in analyses:
-        if not reply.ok or not reply.content.strip():
-            notes.append(f"round {r}: {member.id}'s analysis failed ({reply.error or 'empty reply'}); not shown")
-        transcript.utterances.append(
-            Utterance(
-                round=r,
-                agent=member.id,
-                kind="opinion",
-                text=reply.content,
-                call_id=reply.call_id,
-                experience_ids=[h.id for h in hints],
-            )
-        )
+    analyses = await _analyses(members, analyse, r, transcript, notes)
     shown = [
         (f"{m.role or 'teacher'} ({m.specialty})", reply.content.strip())
         for m, reply, _ in analyses
@@ -240,6 +262,44 @@ async def _question(
         Utterance(round=r, agent="coordinator", kind="meeting", text=plan.content, call_id=plan.call_id)
     )
     return asked
+
+
+Analysis = tuple[TeamMember, Completion, list[PoolEntry]]
+
+
+async def _analyses(
+    members: list[TeamMember],
+    analyse: Callable[[int, TeamMember], Awaitable[Analysis]],
+    r: int,
+    transcript: Transcript,
+    notes: list[str],
+) -> list[Analysis]:
+    """Every member's analysis of round ``r``, all at once, each into the transcript in member order (its notes too).
+    When the budget refuses some, those that came back are in the transcript all the same (their calls were answered
+    and spent), and the stop goes on up."""
+    done: dict[int, Analysis] = {}
+
+    async def keep(i: int, member: TeamMember) -> None:
+        done[i] = await analyse(i, member)
+
+    try:
+        await gather_all(keep(i, m) for i, m in enumerate(members))
+    finally:
+        for i in sorted(done):
+            member, reply, hints = done[i]
+            if not reply.ok or not reply.content.strip():
+                notes.append(f"round {r}: {member.id}'s analysis failed ({reply.error or 'empty reply'}); not shown")
+            transcript.utterances.append(
+                Utterance(
+                    round=r,
+                    agent=member.id,
+                    kind="opinion",
+                    text=reply.content,
+                    call_id=reply.call_id,
+                    experience_ids=[h.id for h in hints],
+                )
+            )
+    return [done[i] for i in sorted(done)]
 
 
 # The questions asked when the teachers put none (their call failed, or the plan echoed the instructions).
