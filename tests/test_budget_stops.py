@@ -113,6 +113,8 @@ async def test_rse_cut_at_its_distillation_keeps_the_iterations_samples() -> Non
     )
     # The distillation that came back is in the bank; the record says the other was refused, not that it failed.
     assert result.iterations[0].state["distill"]["distilled"] == 1
+    # What is stored of the refused ones is how many, as every other figure of the record.
+    assert result.iterations[0].state["distill"]["refused"] == 1
     assert "1 of 2 distillations came back before the budget stop; the bank takes theirs" in result.iterations[0].notes
 
 

@@ -33,6 +33,7 @@ async def test_two_right_attempts_bank_their_findings_once_and_the_next_samples_
         "duplicates": 2,
         "dropped_old": 0,
         "similarity": "embedding",
+        "refused": 0,
     }
     assert first.state["bank"] == {"propositions": [EXPRESSION, STEPS], "pitfalls": []}
     # One embedding request for the propositions (no pitfall was proposed): the two kept and four proposed items.

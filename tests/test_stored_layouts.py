@@ -19,6 +19,7 @@ import pytest
 from conftest import run_tmas
 from tmas.config import Settings
 from tmas.grading.grades import SELECTED, Grades
+from tmas.methods.rse import RSEState
 from tmas.methods.state import FallbackState, TMASState
 from tmas.reports.selection_table import chosen_accuracy
 from tmas.store.records import (
@@ -228,3 +229,10 @@ def test_an_iteration_record_round_trips_through_the_store(tmp_path: Path) -> No
     with RunStore(tmp_path / "run") as store:
         store.save_iteration(record)
         assert store.iterations("p") == [record]
+
+
+def test_an_rse_distillation_stored_before_its_refused_count_reads_with_none_refused() -> None:
+    # An RSE record's state as runs stored it before the count of distillations the budget refused existed.
+    stored = {"distilled": 2, "added": 3, "duplicates": 1, "dropped_old": 0, "similarity": "embedding"}
+    distill = RSEState.model_validate({"distill": stored}).distill
+    assert distill is not None and (distill.distilled, distill.refused) == (2, 0)

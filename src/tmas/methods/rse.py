@@ -97,13 +97,15 @@ class ExperienceBank(BaseModel):
 class Distilled(BaseModel):
     """What an iteration's distillation did: the trajectories distilled, the items added, those dropped as
     duplicates (judged by ``similarity``: embeddings, or word-set Jaccard where they failed) and as the oldest past
-    the cap."""
+    the cap, and how many trajectories' distillations a budget stop refused (0 in runs stored before it was
+    counted)."""
 
     distilled: int
     added: int
     duplicates: int
     dropped_old: int
     similarity: str
+    refused: int = 0
 
 
 class RSEState(FallbackState):
@@ -293,6 +295,7 @@ class RSE(Method[RSEParams]):
             duplicates=merge.duplicates,
             dropped_old=merge.dropped_old,
             similarity=merge.similarity,
+            refused=len(refused),
         )
         return new, info
 
