@@ -1073,6 +1073,25 @@ async def test_a_round_whose_every_opinion_the_budget_refused_leaves_no_record()
     assert result.iterations[0].notes[-1] == "stopped: budget spent (5 calls of a budget of 5) in iteration 1"
 
 
+@pytest.mark.parametrize("domain", ["math", "medicine"])
+async def test_a_team_formation_whose_retry_the_budget_refused_keeps_its_first_reply_in_a_record(domain: str) -> None:
+    # One call: the coordinator's team does not parse, and the budget refuses the retry. The reply was answered and
+    # spent: round 0's record keeps its call and why it was unusable, and says the retry was refused (before, the stop
+    # went up with no record at all).
+    unusable = Rule(role="coordinator", replies=["no team here"], times=1)
+    result, model = await run([unusable], settings_extra={"budget": {"calls": 1}}, domain=domain)
+    assert by_role(model) == {"coordinator": 1} and result.stopped_reason == "budget"
+    [record] = result.iterations
+    assert record.iteration == 0 and record.candidates == [] and record.calls == 1
+    assert record.replies["coordinator"].unusable == 1
+    assert record.notes[0].startswith("team formation attempt 1: unusable reply: ")
+    assert record.notes[1:] == [
+        "team formation attempt 2: refused by the budget",
+        "stopped: budget spent (1 calls of a budget of 1) in iteration 0",
+    ]
+    assert transcript(result).team == [] and result.answer is None
+
+
 async def test_a_specialist_whose_opinion_the_budget_refused_is_noted_as_such() -> None:
     # Team of 3, 3 calls: the team and two opinions; the third specialist's is refused. It did not speak, and the
     # record says why (the viewer reads a silent member's reason in the notes).

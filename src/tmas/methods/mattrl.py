@@ -323,7 +323,16 @@ class MATTRL(Method[MATTRLParams]):
         )
         talk = Deliberation(transcript, review(self.params), retriever)
         # Stage I: the coordinator recruits the team.
-        transcript.team = await self._form_team(session, notes)
+        try:
+            transcript.team = await self._form_team(session, notes)
+        except BudgetExhausted:
+            if not notes:
+                raise  # nothing came back: no record, as no method records an iteration the stop refused whole
+            # An unusable reply came back before the budget refused its retry: it was answered and spent, and round
+            # 0's record keeps it (its call, its notes); no one speaks, and the problem ends stopped by the budget.
+            talk.stopped = True
+            session.end_iteration([], state=self._state(0, talk), notes=notes)
+            return self._result(session, talk)
         talk.seats = [Seat(i, m) for i, m in enumerate(transcript.team)]
         # Stage II, round by round until every specialist has converged or R_max; Stage III ends the last round.
         for r in range(self.params.iterations):
@@ -361,7 +370,12 @@ class MATTRL(Method[MATTRLParams]):
         p, domain = self.params, self.domain
         messages, schema = domain.recruit_prompt(session.problem.question, p.team_size), domain.team_reply(p.team_size)
         for attempt in range(1 + p.retries):
-            reply = await session.chat("coordinator", messages, sample=attempt, reply_model=schema, attempt=attempt)
+            try:
+                reply = await session.chat("coordinator", messages, sample=attempt, reply_model=schema, attempt=attempt)
+            except BudgetExhausted:
+                if attempt:
+                    notes.append(f"team formation attempt {attempt + 1}: refused by the budget")
+                raise
             why = reply.error or ("reply truncated at max_tokens" if reply.truncated else None)
             if why is None:
                 try:
