@@ -28,7 +28,7 @@ from types import TracebackType
 from typing import Any
 
 from tmas.answer_classes import has_leading_zeros
-from tmas.answers import normalize_answer
+from tmas.answers import normalize_answer, without_punctuation_after_math
 from tmas.errors import TmasError
 
 
@@ -126,9 +126,9 @@ _MAX_EXACT_ARGUMENT = 100_000
 
 
 def _clean(answer: str) -> str:
-    """``answer`` without a full stop, enclosing '$' or spaces between digit groups; its degree signs as ^\\circ, and
-    the signs of plain text (·, ∞, √) as LaTeX."""
-    text = _FULL_STOP.sub("", answer.strip()).strip().strip("$").strip()
+    """``answer`` without a full stop (or other punctuation after closing math), enclosing '$' or spaces between
+    digit groups; its degree signs as ^\\circ, and the signs of plain text (·, ∞, √) as LaTeX."""
+    text = _FULL_STOP.sub("", without_punctuation_after_math(answer)).strip().strip("$").strip()
     text = _DEGREE_SIGN.sub("^\\\\circ", _THIN_SPACE_GROUPS.sub("", text))
     for sign, latex in _TEXT_SIGNS.items():
         text = text.replace(sign, latex)

@@ -210,15 +210,22 @@ def _restated(box_end: int, boxed: str, statements: list[_Statement]) -> str | N
 
 _TEXT_WRAPPER = re.compile(r"\\(?:text|mathrm|textbf|mathbf|operatorname)\s*\{([^{}]*)\}")
 _SPACING = re.compile(r"\\[,;:! ]|\\left|\\right|\\displaystyle|\s+")
+# Punctuation ending a sentence after closing math ("$7$.", "\\(7\\),"): no part of the answer.
+_AFTER_MATH = re.compile(r"(?<!\\)(\$|\\[)\]])\s*[.,;:!?]+\s*$")
 
 
 def normalize_answer(answer: str) -> str:
-    """A canonical spelling for grouping equal answers (majority vote): styling, spacing and math delimiters ('$',
-    "\\( \\)", "\\[ \\]") removed, the minus sign written as a hyphen-minus."""
-    text = _MATH_DELIMITER.sub("", answer).strip().strip("$").strip()
+    """A canonical spelling for grouping equal answers (majority vote): styling, spacing, math delimiters ('$',
+    "\\( \\)", "\\[ \\]") and the punctuation after them removed, the minus sign written as a hyphen-minus."""
+    text = _MATH_DELIMITER.sub("", without_punctuation_after_math(answer)).strip().strip("$").strip()
     text = _TEXT_WRAPPER.sub(r"\1", text)
     text = text.replace("\\dfrac", "\\frac").replace("\\tfrac", "\\frac")
     # The minus sign of typeset text (U+2212), as models copy it, is the hyphen-minus.
     text = text.replace("\u2212", "-")
     text = _SPACING.sub("", text)
     return text.rstrip(".")
+
+
+def without_punctuation_after_math(answer: str) -> str:
+    """``answer`` without the punctuation ending a sentence after its closing math delimiter: "$7$." is "$7$"."""
+    return _AFTER_MATH.sub(r"\1", answer.strip())
