@@ -17,6 +17,18 @@ def rules(gold: str, pred: str) -> bool | None:
     return check_pair(gold, pred).correct
 
 
+def test_the_root_shorthand_is_the_root_of_its_first_digit() -> None:
+    # LaTeX's \sqrt takes one token: \sqrt38 is \sqrt{3} times 8, not \sqrt{38}.
+    assert normalize_answer("\\sqrt38") == normalize_answer("\\sqrt{3}8") == "\\sqrt{3}8"
+    assert normalize_answer("\\sqrt x") == "\\sqrt{x}"
+    assert normalize_answer("\\sqrt{38}") == "\\sqrt{38}"
+    assert normalize_answer("\\sqrt[3]{2}") == "\\sqrt[3]{2}"
+    assert value_key("\\sqrt38") == value_key("\\sqrt{3}8") != value_key("\\sqrt{38}")
+    assert rules("8\\sqrt{3}", "\\sqrt38") is True
+    assert rules("\\sqrt38", "8\\sqrt{3}") is True
+    assert rules("\\sqrt{38}", "\\sqrt38") is False
+
+
 @pytest.mark.parametrize(
     "answer", ["$7$.", "$7$ .", "$7$,", "$7$;", "$7$:", "$7$!", "\\(7\\).", "\\(7\\),", "\\[7\\].", "7.", "$7.$"]
 )

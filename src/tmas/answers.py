@@ -212,16 +212,20 @@ _TEXT_WRAPPER = re.compile(r"\\(?:text|mathrm|textbf|mathbf|operatorname)\s*\{([
 _SPACING = re.compile(r"\\[,;:! ]|\\left|\\right|\\displaystyle|\s+")
 # Punctuation ending a sentence after closing math ("$7$.", "\\(7\\),"): no part of the answer.
 _AFTER_MATH = re.compile(r"(?<!\\)(\$|\\[)\]])\s*[.,;:!?]+\s*$")
+# LaTeX's root of one token without braces: "\\sqrt38" is the root of 3 times 8, "\\sqrt x" the root of x.
+_SHORT_ROOT = re.compile(r"\\sqrt(?![A-Za-z])\s*([0-9A-Za-z])")
 
 
 def normalize_answer(answer: str) -> str:
     """A canonical spelling for grouping equal answers (majority vote): styling, spacing, math delimiters ('$',
-    "\\( \\)", "\\[ \\]") and the punctuation after them removed, the minus sign written as a hyphen-minus."""
+    "\\( \\)", "\\[ \\]") and the punctuation after them removed, the minus sign written as a hyphen-minus, and a
+    root of one token without braces braced as LaTeX reads it ("\\sqrt38" is "\\sqrt{3}8", the root of 3 times 8)."""
     text = _MATH_DELIMITER.sub("", without_punctuation_after_math(answer)).strip().strip("$").strip()
     text = _TEXT_WRAPPER.sub(r"\1", text)
     text = text.replace("\\dfrac", "\\frac").replace("\\tfrac", "\\frac")
     # The minus sign of typeset text (U+2212), as models copy it, is the hyphen-minus.
     text = text.replace("\u2212", "-")
+    text = _SHORT_ROOT.sub(r"\\sqrt{\1}", text)
     text = _SPACING.sub("", text)
     return text.rstrip(".")
 
