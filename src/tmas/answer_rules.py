@@ -28,7 +28,7 @@ from types import TracebackType
 from typing import Any
 
 from tmas.answer_classes import has_leading_zeros
-from tmas.answers import normalize_answer, without_punctuation_after_math
+from tmas.answers import normalize_answer, ungrouped, without_punctuation_after_math
 from tmas.errors import TmasError
 
 
@@ -126,10 +126,11 @@ _MAX_EXACT_ARGUMENT = 100_000
 
 
 def _clean(answer: str) -> str:
-    """``answer`` without a full stop (or other punctuation after closing math), enclosing '$' or spaces between
-    digit groups; its degree signs as ^\\circ, and the signs of plain text (·, ∞, √) as LaTeX."""
+    """``answer`` without a full stop (or other punctuation after closing math), enclosing '$' or the separators of
+    digit groups (:func:`tmas.answers.ungrouped`); its degree signs as ^\\circ, and the signs of plain text (·, ∞, √)
+    as LaTeX."""
     text = _FULL_STOP.sub("", without_punctuation_after_math(answer)).strip().strip("$").strip()
-    text = _DEGREE_SIGN.sub("^\\\\circ", _THIN_SPACE_GROUPS.sub("", text))
+    text = _DEGREE_SIGN.sub("^\\\\circ", _THIN_SPACE_GROUPS.sub("", ungrouped(text)))
     for sign, latex in _TEXT_SIGNS.items():
         text = text.replace(sign, latex)
     return _ROOT_SIGN.sub(_latex_root, text)

@@ -214,18 +214,24 @@ _SPACING = re.compile(r"\\[,;:! ]|\\left|\\right|\\displaystyle|\s+")
 _AFTER_MATH = re.compile(r"(?<!\\)(\$|\\[)\]])\s*[.,;:!?]+\s*$")
 # LaTeX's root of one token without braces: "\\sqrt38" is the root of 3 times 8, "\\sqrt x" the root of x.
 _SHORT_ROOT = re.compile(r"\\sqrt(?![A-Za-z])\s*([0-9A-Za-z])")
+# A number written in groups of three digits, alone or given a name ("n = 1,000"): its groups are separated by commas
+# or LaTeX's "{,}", and by a comma and a space only where the group after them begins with 0 ("1, 000"; "3, 125" is a
+# list of two numbers). A number's first group has no leading zero ("011,100" is a code or a list).
+_GROUP_SEPARATOR = r"(?:\{,\}|,(?:\s|\\[,;:! ]|~)*(?=0)|,)"
+_GROUPED = re.compile(rf"((?:[A-Za-z]\w*\s*=\s*)?[+-]?)([1-9]\d{{0,2}}(?:{_GROUP_SEPARATOR}\d{{3}})+(?:\.\d+)?)")
 
 
 def normalize_answer(answer: str) -> str:
     """A canonical spelling for grouping equal answers (majority vote): styling, spacing, math delimiters ('$',
-    "\\( \\)", "\\[ \\]") and the punctuation after them removed, the minus sign written as a hyphen-minus, and a
-    root of one token without braces braced as LaTeX reads it ("\\sqrt38" is "\\sqrt{3}8", the root of 3 times 8)."""
+    "\\( \\)", "\\[ \\]") and the punctuation after them removed, the minus sign written as a hyphen-minus, a number
+    written in groups of three digits as its digits (:func:`ungrouped`), and a root of one token without braces
+    braced as LaTeX reads it ("\\sqrt38" is "\\sqrt{3}8", the root of 3 times 8)."""
     text = _MATH_DELIMITER.sub("", without_punctuation_after_math(answer)).strip().strip("$").strip()
     text = _TEXT_WRAPPER.sub(r"\1", text)
     text = text.replace("\\dfrac", "\\frac").replace("\\tfrac", "\\frac")
     # The minus sign of typeset text (U+2212), as models copy it, is the hyphen-minus.
     text = text.replace("\u2212", "-")
-    text = _SHORT_ROOT.sub(r"\\sqrt{\1}", text)
+    text = _SHORT_ROOT.sub(r"\\sqrt{\1}", ungrouped(text))
     text = _SPACING.sub("", text)
     return text.rstrip(".")
 
@@ -233,3 +239,14 @@ def normalize_answer(answer: str) -> str:
 def without_punctuation_after_math(answer: str) -> str:
     """``answer`` without the punctuation ending a sentence after its closing math delimiter: "$7$." is "$7$"."""
     return _AFTER_MATH.sub(r"\1", answer.strip())
+
+
+def ungrouped(text: str) -> str:
+    """``text`` with the separators of its digit groups removed where it is one number written in groups of three
+    digits, alone or given a name: "1,000", "1{,}000", "n = 1,000" and "1, 000" (the group after a comma and a space
+    begins with 0) are 1000; "3, 125" is a list of two numbers, and "60,100" the number 60100, not the list
+    "60, 100"."""
+    match = _GROUPED.fullmatch(text.strip())
+    if match is None:
+        return text
+    return match.group(1) + "".join(c for c in match.group(2) if c.isdigit() or c == ".")

@@ -32,23 +32,19 @@ from tmas.store.run_store import GradeRow, RunStore
 # The source of a verdict the viewer worked out itself (shown as "rules"; stored ones show their grading mode).
 LIVE = "live"
 
-# "1,000": thousands separators, only in their exact places, and no space after them ("3, 125" is a list).
-_THOUSANDS = re.compile(r"[+-]?\d{1,3}(,\d{3})+")
-_LIST_COMMA = re.compile(r",(?:\s|\\[,;:! ~])")
 # "x=5", "n = 12": a single variable named before the value.
 _NAMED = re.compile(r"[A-Za-z]\w*=(.+)")
 
 
 def exact_number(answer: str) -> Fraction | None:
     """The exact rational an answer spells, or None when it is not a plain number: what votes read as one
-    (:func:`tmas.answer_classes.plain_number`), boxed or named ("n = 12") or not, "1,000" included."""
+    (:func:`tmas.answer_classes.plain_number`), boxed or named ("n = 12") or not, in digit groups ("1,000") or not
+    (:func:`tmas.answers.ungrouped`: "3, 125" is a list)."""
     text = normalize_answer(answer)
-    boxed = last_boxed(text) if text.startswith("\\boxed") else None
-    text = boxed if boxed is not None else text
+    boxed = last_boxed(answer) if text.startswith("\\boxed") else None
+    text = normalize_answer(boxed) if boxed is not None else text
     named = _NAMED.fullmatch(text)
     text = named.group(1) if named else text
-    if _THOUSANDS.fullmatch(text) and not _LIST_COMMA.search(answer):
-        text = text.replace(",", "")
     return plain_number(text)
 
 
