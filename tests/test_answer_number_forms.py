@@ -17,6 +17,40 @@ def rules(gold: str, pred: str) -> bool | None:
     return check_pair(gold, pred).correct
 
 
+# Leading zeros. A reference written as a number (17) is a value: an answer written with leading zeros ("017", as
+# a three-digit answer sheet asks) is that value, right in the rules and live. A reference written with leading zeros
+# ("007") is a code: only the same digits are right, in the rules and live; another spelling of its value is left to
+# the judge. Votes key digits with leading zeros apart from the number ("017" and "17" are two answers), so that a
+# vote never counts a "17" for a right "017".
+@pytest.mark.parametrize(
+    ("gold", "pred", "verdict"),
+    [
+        ("17", "017", True),
+        ("17", "0017", True),
+        ("7", "007", True),
+        ("7", "$007$.", True),
+        ("17", "\\text{017}", True),
+        ("-17", "-017", True),
+        ("17", "018", False),
+        ("007", "007", True),
+        ("007", "$007$.", True),
+        ("007", "\\text{007}", True),
+        ("007", "7", None),
+        ("017", "17", None),
+        ("017", "17.0", None),
+        ("000", "0", None),
+    ],
+)
+def test_leading_zeros_against_a_number_and_against_a_code(gold: str, pred: str, verdict: bool | None) -> None:
+    assert rules(gold, pred) is verdict
+    assert exact_verdict(gold, pred) is verdict
+
+
+def test_votes_key_leading_zeros_apart_and_every_spelling_of_a_code_as_one() -> None:
+    assert value_key("017") != value_key("17") == value_key("17.0")
+    assert value_key("007") == value_key("$007$.") == value_key("\\text{007}") == "007"
+
+
 # Digit groups: "1,000", "1{,}000", "1\\,000" are 1000; "1, 000" too, as the group after the comma and space begins
 # with 0; "3, 125" is a list of two numbers, and "60,100" the number 60100, not the list "60, 100".
 @pytest.mark.parametrize(

@@ -82,8 +82,8 @@ def has_leading_zeros(text: str) -> bool:
 def value_key(answer: str) -> str:
     """The key votes group ``answer`` by without any rule check: a plain number's exact value, else its normalized
     spelling. A number written with leading zeros keys by its spelling: "017" and "17" are two answers, as grading
-    against "017" keeps them apart, while "17" and "17.0" are one. A number in digit groups ("1,000") keys by its
-    value, a list ("3, 125") by its spelling."""
+    against "017" keeps them apart (against 17 both are right), while "17" and "17.0" are one. A number in digit
+    groups ("1,000") keys by its value, a list ("3, 125") by its spelling."""
     text = normalize_answer(answer)
     value = plain_number(text)
     return text if value is None or has_leading_zeros(text) else str(value)

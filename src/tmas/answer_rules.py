@@ -27,7 +27,7 @@ from multiprocessing.connection import Connection
 from types import TracebackType
 from typing import Any
 
-from tmas.answer_classes import has_leading_zeros
+from tmas.answer_classes import has_leading_zeros, plain_number
 from tmas.answers import normalize_answer, ungrouped, without_punctuation_after_math
 from tmas.errors import TmasError
 
@@ -300,6 +300,12 @@ def check_pair(gold: str, pred: str, timeout_s: int | None = 5, any_order: bool 
         )
     # Letters ending the answer are a unit only where the reference is a number ("12 cm" for 12).
     unknowns = _has_unknowns(gold)
+    # Two plain numbers of one value are one answer, however written ("\\text{017}" for 17, which Math-Verify does not
+    # read); unequal ones are left to Math-Verify, which reads a decimal as a rounded float. Not a reference with a
+    # letter: its "2e-1" is Euler's number.
+    value = None if unknowns else plain_number(normalize_answer(_clean(gold)))
+    if value is not None and value == plain_number(normalize_answer(_clean(pred))):
+        return RuleVerdict(True, "the same number")
     apart = _case_apart(gold, pred)
     if apart is None:
         return RuleVerdict(None, "too many letters written in both cases to tell apart")
@@ -386,8 +392,9 @@ def _distinct(offered: list[str], timeout_s: int | None, letters_are_unknowns: b
 
 def leading_zeros(reference: str) -> bool:
     """Whether ``reference`` writes a number with leading zeros ("017", a code or the rows of a grid): then only the
-    same digits are that answer, whatever their value. Math-Verify reads their value (1020 for "001020") and a list of
-    them as a set, so its "equal" would accept other strings; votes key such an answer by its digits as well
+    same digits are that answer, whatever their value (against a reference written as a number, 17, an answer "017"
+    is its value). Math-Verify reads their value (1020 for "001020") and a list of them as a set, so its "equal"
+    would accept other strings; votes key such an answer by its digits as well
     (:func:`tmas.answer_classes.has_leading_zeros`)."""
     return has_leading_zeros(_clean(reference))
 
