@@ -189,6 +189,8 @@ async def test_a_problem_with_a_blank_reference_answer_is_left_out_not_kept_as_h
     await run_filter(problems, tmp_path / "run", out, model.settings, grading, k=4, below=2, n=50, seed=0, model=model)
     card = json.loads((tmp_path / "hard.card.json").read_text())
     assert card["unlabeled"] == ["blank"] and card["selected"] == ["gamma"] and card["solved_counts"] == {"0": 1}
+    # Graded by the rules alone: the card says no judge was asked, not "1 judge run(s)".
+    assert card["grading"] == "rules only, no judge"
 
 
 async def test_failed_samples_are_not_counted_as_unsolved(tmp_path: Path) -> None:

@@ -385,11 +385,14 @@ async def test_combined_grading_uses_the_judge_only_where_rules_cannot_decide(tm
     assert not any(key[0] == "unlabeled" for key in grades.verdicts)
     # One judge call per run for the "text" answer (candidate and selected answer share it).
     assert len(judge.calls_of("judge")) == 3
+    # The report's line says what the judge was asked: its runs on the one answer the rules left undecided.
+    assert grades.described() == "combined, 3 judge runs on 1 distinct answer the rules left undecided"
     # Stored grades are reused: grading again sends nothing.
     again = await grade_run(store, config, None, model=judge)
     assert again.verdicts == grades.verdicts and len(judge.calls_of("judge")) == 3
     loaded = load_grades(store, config)
     assert loaded is not None and loaded.verdicts == grades.verdicts
+    assert loaded.described() == "combined, 3 judge runs"  # read back: how many the judge decided is not stored
     store.close()
 
 

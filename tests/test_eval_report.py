@@ -77,7 +77,7 @@ async def test_eval_runs_grades_and_reports_in_one_step(tmp_path: Path) -> None:
     # The report reads the grades stored in the run.
     await build_report([tmp_path / "run"], tmp_path / "run" / "report", grading, None)
     markdown = (tmp_path / "run" / "report" / "report.md").read_text()
-    assert "grading: combined, 2 judge run(s)" in markdown
+    assert "grading: combined, the rules decided every answer: no judge asked (2 judge runs configured)" in markdown
     assert "| Method | It0 | It1 | It2 |" in markdown
     # TMAS records verifier scores and its banks: the B.4 and B.3 analyses have something to show.
     assert "Verification-score dynamics (B.4)" in markdown and "ever-correct: 5 problems" in markdown

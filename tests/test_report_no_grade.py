@@ -54,7 +54,7 @@ async def test_answers_solved_after_the_last_grading_are_named_not_graded_not_un
     text = (await build_report([run], tmp_path / "out", None, None, grade=False))["markdown"].read_text()
     # Pass@1 (A.2) = 1/|P| * sum_i c_i / n_i = (1/1 + 0/1) / 2: mult right, later's answer (not graded) counted wrong.
     assert "| cot [sim-model] | 50.00 |" in text
-    assert "grading: rules, 1 judge run(s); 0 undecided verdicts (counted incorrect)" in text
+    assert "grading: rules only, no judge; 0 undecided verdicts (counted incorrect)" in text
     # later's candidate and its returned answer.
     assert (
         "not graded yet: 2 answers (candidates and returned answers) of 1 problem, solved after the run's last "

@@ -129,11 +129,11 @@ async def test_the_viewer_and_report_no_grade_read_stored_grades_as_the_last_gra
     # read every run as combined over every stored judge run, both problems right: 100%.
     await graded(GradeConfig(mode="judge", judge_runs=2))
     await graded(GradeConfig(mode="judge", judge_runs=1))
-    assert _report_no_grade(run_dir, tmp_path / "r1") == ("judge, 1 judge run(s)", "50.00")  # five right alone
+    assert _report_no_grade(run_dir, tmp_path / "r1") == ("judge, 1 judge run", "50.00")  # five right alone
     # A grader named on the command line is read as named, with as many stored judge runs as it asks for (the run
     # holds no rules rows yet: combined reads the judge's verdicts throughout).
-    assert _report_no_grade(run_dir, tmp_path / "r2", "--grade", "judge") == ("judge, 2 judge run(s)", "50.00")
-    assert _report_no_grade(run_dir, tmp_path / "r3", "--judge-runs", "1") == ("combined, 1 judge run(s)", "50.00")
+    assert _report_no_grade(run_dir, tmp_path / "r2", "--grade", "judge") == ("judge, 2 judge runs", "50.00")
+    assert _report_no_grade(run_dir, tmp_path / "r3", "--judge-runs", "1") == ("combined, 1 judge run", "50.00")
     # The run page says which grading its verdicts are read as.
     with AppThread(view_app([run_dir], warm_up=False)) as viewer:
         ref = run_ref_for([run_dir], run_dir)
@@ -146,8 +146,8 @@ async def test_the_viewer_and_report_no_grade_read_stored_grades_as_the_last_gra
     # Then by the default (combined, two judge runs), then by the rules alone: read as the rules', "five" undecided.
     await graded(GradeConfig(mode="combined", judge_runs=2))
     await graded(GradeConfig(mode="rules"))
-    assert _report_no_grade(run_dir, tmp_path / "r4") == ("rules, 1 judge run(s)", "50.00")  # mult right alone
-    assert _report_no_grade(run_dir, tmp_path / "r5", "--grade", "combined") == ("combined, 2 judge run(s)", "100.00")
+    assert _report_no_grade(run_dir, tmp_path / "r4") == ("rules only, no judge", "50.00")  # mult right alone
+    assert _report_no_grade(run_dir, tmp_path / "r5", "--grade", "combined") == ("combined, 2 judge runs", "100.00")
 
 
 async def test_grades_stored_before_gradings_were_recorded_are_read_with_the_default_grader(tmp_path: Path) -> None:

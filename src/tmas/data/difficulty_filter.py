@@ -231,7 +231,7 @@ def build_card(
         below=below,
         n=n,
         seed=seed,
-        grading=f"{grades.mode}, {grades.runs} judge run(s)",
+        grading=grades.described(),
         sampling=settings.sampling.model_dump(exclude_none=True, exclude_defaults=True),
         solved_counts=dict(Counter(solved for solved, _ in judged.values())),
         kept_counts=dict(Counter(solved for solved, replied in judged.values() if is_kept(solved, replied, k, below))),

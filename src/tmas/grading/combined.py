@@ -27,6 +27,7 @@ class CombinedGrader:
     async def grade(self, items: Sequence[Item], context: GradingContext) -> Verdicts:
         rules = await self._rules.grade(items, context)
         undecided = [item for item in items if rules[item.key][0] is None]
+        context.grades.judged = len({(item.key[0], item.answer) for item in undecided})
         judged = await self._judge.grade(undecided, context) if undecided else {}
         runs = self.runs(context.config)
         return {item.key: judged[item.key] if item.key in judged else rules[item.key] * runs for item in items}

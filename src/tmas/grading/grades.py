@@ -17,6 +17,9 @@ from tmas.problems import Problem
 from tmas.store.records import ProblemResult
 
 SELECTED = -1
+# The graders whose runs the grading's description tells apart (tmas.grading.rules.RULES, tmas.grading.combined).
+_RULES = "rules"
+_COMBINED = "combined"
 # Items are keyed by (problem_id, iteration, candidate index).
 ItemKey = tuple[str, int, int]
 
@@ -62,6 +65,9 @@ class Grades:
     # Items read from stored grades that hold none for their answer (finished, or solved anew, after the run's last
     # grading): no verdict at all, counted incorrect as an undecided one is, but not undecided.
     not_graded: set[ItemKey] = field(default_factory=set)
+    # How many distinct answers (of a problem) the combined grader left to the judge, the rules undecided on them,
+    # where it graded now; None where not known (grades read back from the store) or not combined.
+    judged: int | None = None
 
     def correct(self, key: ItemKey, run: int) -> bool:
         """Undecided counts as incorrect: a reply nobody could confirm is not credited."""
@@ -76,6 +82,19 @@ class Grades:
         """Correct when at least half of the judge runs say so (a candidate's one label across runs)."""
         verdicts = self.verdicts.get(key) or []
         return bool(verdicts) and sum(v is True for v in verdicts) * 2 >= len(verdicts)
+
+    def described(self) -> str:
+        """How these verdicts were given, as a report or a filter card says it: the rules alone ask no judge; the
+        combined grader, where it graded now, says how many answers it asked the judge about."""
+        if self.mode == _RULES:
+            return "rules only, no judge"
+        runs = f"{self.runs} judge run{'' if self.runs == 1 else 's'}"
+        if self.mode == _COMBINED and self.judged == 0:
+            return f"combined, the rules decided every answer: no judge asked ({runs} configured)"
+        if self.mode == _COMBINED and self.judged is not None:
+            answers = f"{self.judged} distinct answer{'' if self.judged == 1 else 's'}"
+            return f"combined, {runs} on {answers} the rules left undecided"
+        return f"{self.mode}, {runs}"
 
     def undecided(self) -> int:
         """Verdicts a grader gave as undecided (an item never graded, ``not_graded``, is none of them)."""

@@ -692,9 +692,7 @@ def _run_section(doc: Document, e: RunEvaluation) -> None:
         _problems_line(e),
     ]
     if g is not None:
-        items.append(
-            f"grading: {g.mode}, {g.runs} judge run(s); {g.undecided()} undecided verdicts (counted incorrect)"
-        )
+        items.append(f"grading: {g.described()}; {g.undecided()} undecided verdicts (counted incorrect)")
         if g.not_graded:
             held = len({key[0] for key in g.not_graded})
             items.append(
