@@ -5,7 +5,9 @@ command itself against the simulated server, its flags in the request bodies."""
 from __future__ import annotations
 
 import json
+import signal
 import subprocess
+import sys
 from collections import Counter
 from collections.abc import Sequence
 from pathlib import Path
@@ -13,7 +15,7 @@ from typing import Any, ClassVar
 
 import pytest
 
-from conftest import run_tmas, scripted_settings, settings_for
+from conftest import clean_env, config_file, run_tmas, scripted_settings, settings_for, wait_for
 from scripted_runs import by_role, scripted_run
 from tmas.data.difficulty_filter import FilterCard, filter_settings, run_filter, write_subset
 from tmas.errors import ConfigError, InputError
@@ -520,3 +522,116 @@ async def test_samples_of_a_server_restarted_with_another_model_are_not_sampled_
         f"--run-dir {run_dir} holds samples drawn with solution model at {server.base_url} 'model-a' (now 'model-b'):"
         " sampling on would mix them; run it again without the change, or give another --run-dir"
     )
+
+
+@pytest.mark.slow
+def test_the_command_samples_at_the_papers_length_fitted_to_the_servers_window_and_a_configured_temperature(
+    sim: SimServer, tmp_path: Path
+) -> None:
+    # Appendix A.2's filter allows the paper's 128K-token replies: before, the command sent the built-in 2048. The
+    # simulated server states a window of 4096 tokens (max_model_len): the length is fitted down to it. A config
+    # file's [sampling] temperature reaches the server (before, the paper's 1.0 replaced it without a word), and the
+    # command says it differs from the paper's.
+    sim.set_script(SimScript(context_length=4096, rules=script().rules))
+    problems = tmp_path / "b.jsonl"
+    write_problems(problems, [("alpha", CASES[0][1], "6")])
+    out = tmp_path / "hard.jsonl"
+    config = config_file(sim, tmp_path, "[sampling]\ntemperature = 0.6\n")
+    done = tmas(*filter_command(problems, out, 2, "--config", str(config)))
+    assert done.returncode == 0, done.stderr.decode()
+    bodies = sim.chat_bodies()
+    assert len(bodies) == 2 and {(b["temperature"], b["top_p"]) for b in bodies} == {(0.6, 0.95)}
+    # The per-call fit leaves the prompt its room below the window: at most 4096, far above the old 2048.
+    assert all(2048 < b["max_tokens"] <= 4096 for b in bodies)
+    assert "temperature 0.6 (from the config file; the paper's filter samples at 1.0)" in done.stderr.decode()
+    card = json.loads((tmp_path / "hard.card.json").read_text())
+    assert card["sampling"]["max_tokens"] == 4096 and card["sampling"]["temperature"] == 0.6
+    assert any("temperature 0.6" in note and "1.0" in note for note in card["notes"])
+
+
+@pytest.mark.slow
+def test_a_filter_begun_with_the_old_default_length_resumes_with_it(sim: SimServer, tmp_path: Path) -> None:
+    # A run directory whose samples were drawn at max_tokens 2048 (the default before the paper's 128K): the same
+    # command without --max-tokens resumes it at its stored length (only the failed sample is sent, with 2048);
+    # given another --max-tokens, it is refused in one line that names the flag to resume it with.
+    eta = Rule(role="solution", pattern="Eta:", replies=["So \\boxed{1000}."])
+    sim.set_script(SimScript(rules=[Rule(role="solution", pattern="Eta:", fault="http_400", times=1), eta]))
+    problems = tmp_path / "b.jsonl"
+    write_problems(problems, [ETA])
+    out = tmp_path / "hard.jsonl"
+    command = filter_command(problems, out, 2, "--base-url", sim.base_url)
+    first = tmas(*command, "--max-tokens", "2048")
+    assert first.returncode == 0, first.stderr.decode()
+    assert {b["max_tokens"] for b in sim.chat_bodies()} == {2048}
+    sim.reset()
+    sim.set_script(SimScript(rules=[eta]))
+    refused = tmas(*command, "--max-tokens", "131072")
+    assert refused.returncode == 2 and sim.chat_bodies() == []
+    [line] = refused.stderr.decode().splitlines()
+    assert "solution max_tokens 2048 (now 131072)" in line and "--max-tokens 2048" in line
+    again = tmas(*command)
+    assert again.returncode == 0, again.stderr.decode()
+    assert [b["max_tokens"] for b in sim.chat_bodies()] == [2048]
+
+
+async def test_problems_without_an_answer_are_neither_sampled_nor_counted(tmp_path: Path) -> None:
+    # A problem with no answer, or a blank one, cannot be judged: before, its k samples were drawn all the same.
+    model = on_model(script(), 4)
+    problems = tmp_path / "b.jsonl"
+    rows = [
+        {"problem_id": "none", "question": "None: what is 9*9?"},
+        *({"problem_id": i, "question": q, "answer": a} for i, q, a in [GAMMA, ("blank", "Blank: what is 9*9?", " ")]),
+    ]
+    problems.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    out = tmp_path / "hard.jsonl"
+    grading = GradeConfig(mode="rules")
+    card = await run_filter(
+        problems, tmp_path / "run", out, model.settings, grading, k=4, below=2, n=50, seed=0, model=model
+    )
+    assert Counter(c.key.problem_id for c in model.calls) == {"gamma": 4}
+    assert card.unlabeled == ["none", "blank"] and card.selected == ["gamma"]
+    assert "Left out, no reference answer: 2 problems." in (tmp_path / "hard.card.md").read_text()
+
+
+@pytest.mark.slow
+def test_the_command_skips_unanswered_problems_says_so_and_prints_progress(sim: SimServer, tmp_path: Path) -> None:
+    sim.set_script(script())
+    problems = tmp_path / "b.jsonl"
+    rows = [
+        {"problem_id": "u", "question": "U: what is 1+1?"},
+        {"problem_id": "gamma", "question": GAMMA[1], "answer": "49"},
+    ]
+    problems.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    out = tmp_path / "hard.jsonl"
+    command = filter_command(problems, out, 2, "--base-url", sim.base_url)
+    dry = tmas(*command, "--dry-run")
+    # The estimate counts the one problem with an answer: 2 samples.
+    assert dry.returncode == 0 and "hard.filter-run         1              2          2" in dry.stderr.decode()
+    done = tmas(*command)
+    assert done.returncode == 0, done.stderr.decode()
+    assert len(sim.chat_bodies()) == 2 and all("Gamma:" in b["messages"][-1]["content"] for b in sim.chat_bodies())
+    assert "skipped 1 problems without an answer" in done.stdout.decode()
+    # Without a terminal, a line per problem sampled.
+    assert "[1/1] gamma: done" in done.stderr.decode()
+
+
+@pytest.mark.slow
+def test_a_stopped_filter_says_how_to_resume_it(tmp_path: Path) -> None:
+    # The server answers 2 samples and holds the next: SIGTERM then stops the command, whose last line says what is
+    # kept and how to go on (before: that finished work is kept, and nothing of how to go on).
+    problems = tmp_path / "b.jsonl"
+    write_problems(problems, [GAMMA, ETA])
+    out = tmp_path / "hard.jsonl"
+    where = tmp_path / "hard.filter-run"
+    with SimServer(SimScript(hold_after=2, rules=script().rules)) as server:
+        command = filter_command(problems, out, 2, "--base-url", server.base_url)
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "tmas", *command], env=clean_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE
+        )
+        wait_for(lambda: proc.poll() is None and server.stats().held > 0, "the filter to wait on a held sample")
+        proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 143, err.decode()
+    last = err.decode().strip().splitlines()[-1]
+    assert last.startswith("tmas: stopped by SIGTERM; the samples drawn are kept in " + str(where))
+    assert last.endswith("run the same command again to resume")

@@ -17,6 +17,7 @@ from tmas.files import check_creatable
 
 if TYPE_CHECKING:
     from tmas.config import Settings
+    from tmas.data.difficulty_filter import FilterCard
     from tmas.grading.grades import GradeConfig
     from tmas.planning.estimate import Estimate
 
@@ -88,25 +89,60 @@ def data_filter(
     (without a terminal, refuses unless --yes); --dry-run prints the whole estimate and stops."""
     from tmas.cli.estimate import gate as cost_gate
     from tmas.cli.grade_flags import check_grading_installed, read_grade_flags
-    from tmas.data.difficulty_filter import filter_settings, run_filter
+    from tmas.cli.progress import RunProgress
+    from tmas.data.difficulty_filter import (
+        default_max_tokens,
+        filter_settings,
+        run_filter,
+        sampling_notes,
+        user_sampling,
+    )
     from tmas.problems import resolve_dataset
-    from tmas.runner import check_before_estimate
+    from tmas.runner import RunState, check_before_estimate
 
     grading = read_grade_flags(grade, judge_runs)
     check_grading_installed(grading)  # before the model's calls are spent
-    settings = filter_settings(flags.settings(), k, flags.given("temperature", "top_p"))
-    # As a run's: a wrong model name, an unset API key variable or --prompts-dir before the estimate.
-    check_before_estimate(settings, flags.key_origin)
-    source = resolve_dataset(problems)
+    given = flags.settings()
+    user = user_sampling(given)
     where = run_dir or out.with_name(out.stem + ".filter-run")
+    # As a run's: a wrong model name, an unset API key variable or --prompts-dir before the estimate (and before the
+    # server is asked its context window).
+    check_before_estimate(filter_settings(given, k), flags.key_origin)
+    cap, why = interrupt.run(default_max_tokens(given, where), keeps=False)
+    settings = filter_settings(given, k, max_tokens=cap)
+    source = resolve_dataset(problems)
+    notes = sampling_notes(user, settings)
+    said = [f"max_tokens {cap}: {why} (--max-tokens sets another)"] if cap is not None else []
+    said += [f"note: {note}" for note in notes]
+    if gate.dry_run:  # said with the estimate it stops at; else once the gate passes (a refusal is the last line)
+        typer.echo("\n".join(f"tmas: {line}" for line in said), err=True)
     cost_gate(_filter_estimate(source, where, settings, grading, k, limit), gate)
+    for line in said:
+        typer.echo(f"tmas: {line}", err=True)
     seed = settings.seed
-    card = interrupt.run(
-        run_filter(source, where, out, settings, grading, k=k, below=below, n=n, seed=seed, limit=limit)
-    )
+    state = RunState()
+    reporter = RunProgress(state)
+
+    async def sample() -> FilterCard:
+        async with reporter.running():
+            return await run_filter(
+                source, where, out, settings, grading, k=k, below=below, n=n, seed=seed, limit=limit,
+                state=state, on_result=reporter.on_result, notes=notes,
+            )  # fmt: skip
+
+    try:
+        card = interrupt.run(sample())
+    except interrupt.Stopped as stop:
+        sampled = f"{state.done + state.failed + state.skipped} of {state.total} problems sampled"
+        raise stop.saying(
+            f"the samples drawn are kept in {where} ({sampled}): run the same command again to resume"
+        ) from None
     counts = ", ".join(f"{c}: {card.solved_counts.get(c, 0)}" for c in range(k + 1))
     undecided = f"; undecided {len(card.undecided)} (too few replies)" if card.undecided else ""
-    typer.echo(f"solved-of-{k} counts {{{counts}}}; kept {card.kept}; selected {len(card.selected)}{undecided}")
+    skipped = f"; skipped {len(card.unlabeled)} problems without an answer" if card.unlabeled else ""
+    typer.echo(
+        f"solved-of-{k} counts {{{counts}}}; kept {card.kept}; selected {len(card.selected)}{undecided}{skipped}"
+    )
     typer.echo(f"wrote {out} and its card ({out.stem}.card.json, .md); samples in {where}")
 
 
@@ -116,14 +152,13 @@ def _filter_estimate(
     """The samples the filter sends: k per problem asked, less the problems an earlier filter into ``run_dir``
     settled (skipped) and the answered samples it replays; its judge's calls said beside them."""
     from tmas.cli.estimate import judge_calls
-    from tmas.data.difficulty_filter import holds_filter_run, served_by_filter_run
+    from tmas.data.difficulty_filter import holds_filter_run, labeled_problems, served_by_filter_run
     from tmas.planning.estimate import Estimate, estimate_point, replay_credit
-    from tmas.problems import load_problems
     from tmas.runner import RunSetup, run_method
     from tmas.store.run_store import RunStore
 
-    asked = load_problems(source)
-    asked = asked[:limit] if limit else asked
+    # Only problems with a reference answer are sampled (the others cannot be judged).
+    asked, _ = labeled_problems(source, limit)
     settled: set[str] = set()
     replays: dict[str, int] = {}
     # Another run there, or samples drawn otherwise (another model, server or sampling), are refused before the

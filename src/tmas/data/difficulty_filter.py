@@ -1,6 +1,16 @@
 """A difficulty filter (TMAS paper, appendix A.2, how IMO-AnswerBench-50 was built): solve every problem k times with
-plain chain of thought (paper: k = 8 runs of Qwen3-4B-Thinking-2507 at temperature 1.0, top_p 0.95), keep the
-problems solved fewer than t times (paper: t = 2), and select n of them (paper: 50) with a seed.
+plain chain of thought (paper: k = 8 runs of Qwen3-4B-Thinking-2507 at temperature 1.0, top_p 0.95 and replies of up
+to 128K tokens, section 4.1), keep the problems solved fewer than t times (paper: t = 2), and select n of them
+(paper: 50) with a seed.
+
+The paper's sampling fills what no one set: a temperature, top_p or max_tokens of the config file, a ``TMAS_*``
+variable or a flag is sent as given, and said beside the paper's (:func:`sampling_notes`). The paper's 128K tokens
+are fitted down to the solution role's context window where it is known (configured, or stated by its server:
+:func:`default_max_tokens`); a filter run again on its run directory samples at the max_tokens its samples were
+drawn with (a run begun when the default was 2048 resumes at 2048).
+
+Only problems with a reference answer are sampled: one without (or with a blank one) cannot be judged, and is left
+out before any call, counted on the card.
 
 The k samples are one ordinary run, of one iteration, of a method that draws independent samples of the plain
 generation prompt (the first sample every method shares): a method whose traits name its sample-count parameter
@@ -23,12 +33,15 @@ from __future__ import annotations
 import json
 import random
 from collections import Counter
-from collections.abc import Collection, Mapping
+from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from tmas.config import Sampling, Settings
+import aiohttp
+from pydantic import ValidationError
+
+from tmas.config import Sampling, SamplingSource, Settings, legacy_sampling_sources
 from tmas.errors import ConfigError, InputError
 from tmas.files import write_atomic
 from tmas.grading.grades import SELECTED, GradeConfig, Grades, ItemKey
@@ -36,15 +49,21 @@ from tmas.grading.judge import CALL_FAILED, JUDGE_ROLE
 from tmas.grading.run_results import load_results
 from tmas.grading.runs import grade_run
 from tmas.llm.model import ChatModel
+from tmas.llm.replica import probe
+from tmas.llm.routes import Routes
 from tmas.llm.sampling import with_sampling
 from tmas.methods import METHODS, method_names
+from tmas.methods.tmas_params import PAPER_MAX_TOKENS
 from tmas.problems import Problem, dataset_name, load_problems
 from tmas.runner import RunSetup, RunState, holds_run, prepare_run, run_problems, served_now
 from tmas.store.records import ProblemResult
 from tmas.store.run_store import GradeRow, RunStore
 
-# The paper's sampling for the filter runs (section 4.1), used where the user set none of their own.
-PAPER_SAMPLING = {"temperature": 1.0, "top_p": 0.95}
+# The paper's sampling for every experiment, the filter's included (section 4.1: "we set the maximum output length to
+# 128K tokens, with temperature=1.0 and top_p=0.95"), used where the user set none of their own.
+PAPER_SAMPLING: dict[str, Any] = {"temperature": 1.0, "top_p": 0.95, "max_tokens": PAPER_MAX_TOKENS}
+# How each source of a sampling field is named to the user, with the flag that sets it.
+SOURCE_WORDS: dict[str, str] = {"config": "the config file", "env": "TMAS_{NAME}", "flags": "--{flag}"}
 
 
 @dataclass
@@ -129,18 +148,100 @@ def sampling_method(settings: Settings, method: str | None = None) -> str:
 FILTER_META = "filter"
 
 
-def filter_settings(settings: Settings, k: int, flags: set[str], method: str | None = None) -> Settings:
+def user_sampling(settings: Settings) -> dict[str, SamplingSource]:
+    """The sampling fields a user set, each with its source (the config file, a ``TMAS_*`` variable, a flag)."""
+    known = settings.sampling_sources
+    return dict(legacy_sampling_sources(settings.sampling) if known is None else known)
+
+
+def filter_settings(
+    settings: Settings,
+    k: int,
+    flags: Collection[str] = (),
+    method: str | None = None,
+    *,
+    max_tokens: int | None = None,
+) -> Settings:
     """The run settings of the filter: its sampling method (:func:`sampling_method`) drawing k samples in one
-    iteration, at the paper's temperature and top_p unless the command line set them (``flags`` names those given).
-    The method's other parameters are the settings' own where the settings configure that method."""
+    iteration, at the paper's temperature, top_p and max_tokens (``max_tokens`` where given: the paper's fitted to a
+    window, :func:`default_max_tokens`) where no one set their own (the config file, a ``TMAS_*`` variable, a flag:
+    ``flags`` names more fields set). A value a user set is sent as set, never replaced: :func:`sampling_notes` says
+    it beside the paper's. The method's other parameters are the settings' own where the settings configure that
+    method."""
     name = sampling_method(settings, method)
     count = METHODS[name].traits.samples
     assert count is not None
     own = settings.method.params if settings.method.name == name else {}
     data = settings.model_dump(mode="json")
     data["method"] = {"name": name, "params": {**own, count: k, "iterations": 1}}
-    paper = Sampling(**{key: value for key, value in PAPER_SAMPLING.items() if key not in flags})
+    taken = set(user_sampling(settings)) | set(flags)
+    defaults = {**PAPER_SAMPLING, **({"max_tokens": max_tokens} if max_tokens is not None else {})}
+    paper = Sampling(**{key: value for key, value in defaults.items() if key not in taken})
     return with_sampling(Settings.model_validate(data), "config", paper)
+
+
+def sampling_notes(user: Mapping[str, str], settings: Settings) -> list[str]:
+    """Each sampling field a user set (``user``: field -> source, :func:`user_sampling` of the settings as given)
+    whose value in ``settings`` differs from the paper's, said with where it came from and the paper's value."""
+    notes = []
+    for name, paper in PAPER_SAMPLING.items():
+        value = getattr(settings.sampling, name)
+        if name in user and value != paper:
+            flag = name.replace("_", "-")
+            source = SOURCE_WORDS.get(user[name], user[name]).format(NAME=name.upper(), flag=flag)
+            notes.append(f"{name} {value} (from {source}; the paper's filter samples at {paper})")
+    return notes
+
+
+def stored_settings(run_dir: Path) -> Settings | None:
+    """The settings a filter's run in ``run_dir`` recorded; None where it holds no filter's run (or recorded
+    settings another version cannot read)."""
+    if not holds_run(run_dir):
+        return None
+    with RunStore(run_dir, read_only=True) as earlier:
+        if earlier.get_meta(FILTER_META) is None:
+            return None
+        data = earlier.get_meta("settings")
+    try:
+        return Settings.model_validate(data) if data is not None else None
+    except ValidationError:
+        return None
+
+
+async def served_window(settings: Settings, role: str) -> int | None:
+    """``role``'s context window in tokens: its endpoint's ``context_length`` where configured (the embedded
+    model's slot), else the smallest its servers state (vLLM's and SGLang's ``max_model_len``, llama-server's
+    ``n_ctx``: :func:`tmas.llm.replica.probe`, as the client learns it); None where none is known."""
+    if settings.uses_in_process_model:
+        return settings.endpoint.context_length
+    if settings.uses_local_model:
+        return settings.endpoint.context_length or settings.local.ctx_per_slot
+    route = Routes(settings).route(role)
+    if route.endpoint.context_length:
+        return route.endpoint.context_length
+    async with aiohttp.ClientSession() as session:
+        for replica in route.replicas:
+            await probe(session, replica, route.api_key)
+    known = [r.reported_context for r in route.replicas if r.reported_context]
+    return min(known) if known else None
+
+
+async def default_max_tokens(settings: Settings, run_dir: Path, role: str = "solution") -> tuple[int | None, str]:
+    """The max_tokens the filter samples with where no one set one (None: a user did), and why, in words: the one
+    the samples in ``run_dir`` were drawn with where it holds a filter's run (a run begun when the default was 2048
+    resumes at 2048); else the paper's 128K tokens, fitted down to ``role``'s context window where one is known
+    (:func:`served_window`): a reply never has more room than the window (the client lowers each call's max_tokens to
+    what its prompt leaves, :meth:`tmas.llm.refusals.Refusals.fit_context`), and the estimate counts what it can
+    be."""
+    if "max_tokens" in user_sampling(settings):
+        return None, ""
+    stored = stored_settings(run_dir)
+    if stored is not None and stored.sampling.max_tokens is not None:
+        return stored.sampling.max_tokens, f"as the samples in {run_dir} were drawn"
+    window = await served_window(settings, role)
+    if window is not None and window < PAPER_MAX_TOKENS:
+        return window, f"the paper's {PAPER_MAX_TOKENS} fitted to the context window of {window} tokens"
+    return PAPER_MAX_TOKENS, "the paper's 128K tokens"
 
 
 def tallies(
@@ -191,6 +292,9 @@ def decided(replied: int, k: int) -> bool:
 
 def is_kept(solved: int, replied: int, k: int, below: int) -> bool:
     """Solved fewer than ``below`` times in ``k``; of fewer replied samples, at a rate below ``below / k``."""
+    # Appendix A.2: "we perform 8 independent inference runs for each problem in the original IMO-AnswerBench and
+    # retain the problems that are solved correctly fewer than 2 times out of 8" (k = 8, below = 2). With every
+    # sample replied (replied = k) this is solved < below; with fewer, the same share: solved / replied < below / k.
     return solved * k < below * replied
 
 
@@ -220,7 +324,12 @@ def build_card(
     n: int,
     seed: int,
     ungraded: Collection[ItemKey] = (),
+    unlabeled: Collection[str] = (),
+    notes: Collection[str] = (),
 ) -> FilterCard:
+    """The card of the filter over ``problems`` (those with a reference answer; ``unlabeled``: the ids of those
+    without, left out before any sample; ``notes``: more to say, such as a sampling field set otherwise than the
+    paper's)."""
     counts = tallies(problems, results, grades, ungraded)
     selected, kept = select(problems, counts, k, below, n, seed)
     judged = {pid: tally for pid, tally in counts.items() if decided(tally[1], k)}
@@ -237,12 +346,12 @@ def build_card(
         kept_counts=dict(Counter(solved for solved, replied in judged.values() if is_kept(solved, replied, k, below))),
         kept=kept,
         selected=selected,
-        unlabeled=[p.problem_id for p in problems if not p.labeled],
+        unlabeled=[*unlabeled, *(p.problem_id for p in problems if not p.labeled)],
         failed_samples=sum(bool(c.error) for r in results for rec in r.iterations for c in rec.candidates),
         ungraded_samples=len(ungraded),
         failed_problems=[r.problem_id for r in results if r.status == "failed"],
         undecided=[p.problem_id for p in problems if p.problem_id in counts and p.problem_id not in judged],
-        notes=list(grades.notes),
+        notes=[*notes, *grades.notes],
     )
     if card.undecided:
         card.notes.append(
@@ -312,11 +421,27 @@ def holds_filter_run(
         raise InputError(f"--run-dir {run_dir} holds {what}, not of {made['source']} with k={k}: give another")
     if changed:
         more = f" and {len(changed) - 3} more" if len(changed) > 3 else ""
+        flags = resume_flags(run_dir, settings)
+        again = f" (with {' '.join(flags)})" if flags else ""
         raise InputError(
             f"--run-dir {run_dir} holds samples drawn with {'; '.join(changed[:3])}{more}: sampling on would mix them;"
-            " run it again without the change, or give another --run-dir"
+            f" run it again without the change{again}, or give another --run-dir"
         )
     return True
+
+
+def resume_flags(run_dir: Path, settings: Settings) -> list[str]:
+    """The flags that sample as the samples in ``run_dir`` were drawn, for each of the paper's sampling fields
+    ``settings`` set otherwise: ``--max-tokens 2048`` for a filter begun when that was the default."""
+    before = stored_settings(run_dir)
+    if before is None:
+        return []
+    return [
+        f"--{name.replace('_', '-')} {getattr(before.sampling, name)}"
+        for name in PAPER_SAMPLING
+        if getattr(before.sampling, name) is not None
+        and getattr(before.sampling, name) != getattr(settings.sampling, name)
+    ]
 
 
 def sampled_otherwise(store: RunStore, setup: RunSetup, served: Mapping[str, list[str]] | None = None) -> list[str]:
@@ -343,6 +468,18 @@ async def served_by_filter_run(run_dir: Path, settings: Settings, *, own_model: 
         return await served_now(setup, earlier)
 
 
+def labeled_problems(source: Path, limit: int | None = None) -> tuple[list[Problem], list[str]]:
+    """The problems of ``source`` (its first ``limit``) the filter samples, those with a reference answer, and the
+    ids of the others: with no answer, or a blank one, no sample of theirs could be judged, so none is drawn. A file
+    with no answer at all is a one-line error."""
+    loaded = load_problems(source)
+    loaded = loaded[:limit] if limit else loaded
+    labeled = [p for p in loaded if p.labeled]
+    if not labeled:
+        raise InputError(f"{source}: no problem has a reference answer: the filter judges samples by theirs")
+    return labeled, [p.problem_id for p in loaded if not p.labeled]
+
+
 async def run_filter(
     source: Path,
     run_dir: Path,
@@ -356,16 +493,20 @@ async def run_filter(
     seed: int,
     limit: int | None = None,
     model: ChatModel | None = None,
+    state: RunState | None = None,
+    on_result: Callable[[ProblemResult], None] | None = None,
+    notes: Collection[str] = (),
 ) -> FilterCard:
-    """Sample (or resume sampling) every problem k times into ``run_dir``, grade the samples, and write the selected
-    subset to ``out`` with its card beside it. The samples (and a judge's grades) come from the endpoint of
-    ``settings``, or from ``model``, a :class:`tmas.llm.model.ChatModel` of the caller's own."""
+    """Sample (or resume sampling) every problem with a reference answer k times into ``run_dir``, grade the
+    samples, and write the selected subset to ``out`` with its card beside it (``notes`` on it too). The samples (and
+    a judge's grades) come from the endpoint of ``settings``, or from ``model``, a
+    :class:`tmas.llm.model.ChatModel` of the caller's own. ``state`` and ``on_result``: the sampling's progress, as a
+    run's (:func:`tmas.runner.run_problems`)."""
     if k < 1 or below < 1 or n < 1:
         raise InputError("the filter needs k >= 1, --below >= 1 and -n >= 1")
     own = model is not None
     made = {"source": dataset_name(source), "k": k}
-    asked = load_problems(source)
-    asked = asked[:limit] if limit else asked
+    asked, unlabeled = labeled_problems(source, limit)
     served = await served_by_filter_run(run_dir, settings, own_model=own)
     if holds_filter_run(run_dir, source, k, settings, own_model=own, served=served):
         store, settings, _ = prepare_run(run_dir, settings, None, resume=True, own_model=own)
@@ -381,12 +522,23 @@ async def run_filter(
         problems = [p for p in store.problems() if p.problem_id in wanted]
         # A problem with samples whose call failed is solved again (tmas.runner.run_problems): only those samples are
         # asked, the replied ones replay from the store, so a server that failed before can decide it now.
-        await run_problems(settings, problems, store, state=RunState(), model=model)
+        await run_problems(settings, problems, store, state=state or RunState(), on_result=on_result, model=model)
         grades = await grade_run(store, grading, settings, model=model)
         results = [r for r in load_results(store) if r.problem_id in wanted]
         ungraded = {key for key in judge_failed(grades, store.grades(JUDGE_ROLE)) if key[0] in wanted}
     card = build_card(
-        str(source), settings, problems, results, grades, k=k, below=below, n=n, seed=seed, ungraded=ungraded
+        str(source),
+        settings,
+        problems,
+        results,
+        grades,
+        k=k,
+        below=below,
+        n=n,
+        seed=seed,
+        ungraded=ungraded,
+        unlabeled=unlabeled,
+        notes=notes,
     )
     write_subset(problems, card.selected, out)
     write_card(card, out)
