@@ -258,6 +258,20 @@ CSV_HEAD = b"Problem ID,Problem,Short Answer\n"
             "x.csv: line 2: 4 fields, but the header names 3",
         ),
         ("y.csv", b"A,B\nimo-1,Find,2\n", "imo-answerbench", "y.csv: line 2: 3 fields, but the header names 2"),
+        # A row of fewer fields (a cut-off line): before, its missing fields read as empty, said as an "empty answer",
+        # or, in HLE's release, the row was dropped without a word as of no category.
+        (
+            "s.csv",
+            CSV_HEAD + b"imo-1,Find 1,2\nimo-2,Find 2.\n",
+            "imo-answerbench",
+            "s.csv: line 3: 2 fields, but the header names 3",
+        ),
+        (
+            "h.csv",
+            b"id,question,answer,image,category\nh1,What?,4\n",
+            "hle",
+            "h.csv: line 2: 3 fields, but the header names 5",
+        ),
         ("p.parquet", b"not a parquet file", "matharena", "p.parquet: not a Parquet file this reader takes: "),
         # Only HLE's release is filtered by default: an empty file of another layout is not said to be.
         ("e.csv", CSV_HEAD, "imo-answerbench", "e.csv: no problems to import"),

@@ -51,3 +51,20 @@ def test_bad_input_is_one_line(tmp_path: Path) -> None:
     ]:
         done = CliRunner().invoke(app, ["data", "lm-eval-task", str(problems), "-o", str(tmp_path / "t"), *args])
         assert done.exit_code != 0 and says in str(done.exception)
+
+
+def test_a_blank_answer_is_refused_naming_the_file_and_line(tmp_path: Path) -> None:
+    # A blank answer matches no reply: before, the task was written and lm-eval scored every reply to it wrong.
+    problems = tmp_path / "p.jsonl"
+    rows = [
+        {"problem_id": "x1", "question": "2+2?", "answer": "4"},
+        {"problem_id": "x2", "question": "3+3?", "answer": "  "},
+    ]
+    problems.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    out = tmp_path / "t"
+    done = CliRunner().invoke(app, ["data", "lm-eval-task", str(problems), "-o", str(out)])
+    said = str(done.exception)
+    assert (
+        done.exit_code != 0 and said.startswith(f"{problems}:2: problem 'x2' has a blank answer") and "\n" not in said
+    )
+    assert not out.exists()

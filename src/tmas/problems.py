@@ -52,6 +52,12 @@ def check_question(question: object, where: str) -> str:
 
 def iter_problems(path: str | Path) -> Iterator[Problem]:
     """Read problems one line at a time; a bad line raises :class:`InputError` naming file and line."""
+    for _, problem in located_problems(path):
+        yield problem
+
+
+def located_problems(path: str | Path) -> Iterator[tuple[str, Problem]]:
+    """Each problem of ``path`` with where it is (``file:line``), as :func:`iter_problems` reads them."""
     path = Path(path)
     seen: dict[str, int] = {}
     for where, number, record in read_objects(path):
@@ -61,7 +67,7 @@ def iter_problems(path: str | Path) -> Iterator[Problem]:
                 f"{where}: duplicate problem id {problem.problem_id!r} (first on line {seen[problem.problem_id]})"
             )
         seen[problem.problem_id] = number
-        yield problem
+        yield where, problem
 
 
 def load_problems(path: str | Path) -> list[Problem]:

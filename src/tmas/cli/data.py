@@ -220,9 +220,14 @@ def data_lm_eval_task(
     from itertools import islice
 
     from tmas.data.lm_eval_task import write_task
-    from tmas.problems import iter_problems, resolve_dataset
+    from tmas.problems import located_problems, resolve_dataset
 
-    chosen = list(islice(iter_problems(resolve_dataset(problems)), limit))
+    located = list(islice(located_problems(resolve_dataset(problems)), limit))
+    for where, problem in located:
+        if problem.answer is not None and not problem.labeled:
+            # It matches no reply: lm-eval would score every reply to it wrong.
+            raise InputError(f"{where}: problem {problem.problem_id!r} has a blank answer: lm-eval cannot score it")
+    chosen = [problem for _, problem in located]
     yaml_file, data_file = write_task(chosen, out, name, max_gen_toks=max_gen_toks, temperature=temperature)
     typer.echo(f"wrote {yaml_file} and {data_file} ({len(chosen)} problems)")
     typer.echo(

@@ -165,8 +165,8 @@ _CSV_FIELD_LIMIT = 2**31 - 1
 
 
 def _csv_rows(path: Path) -> Iterator[tuple[str, dict[str, Any]]]:
-    """A CSV file's rows under its header; a row of more fields than the header names, text that is not UTF-8 or
-    quoting the csv module cannot read is a one-line error naming the line."""
+    """A CSV file's rows under its header; a row of more or fewer fields than the header names, text that is not
+    UTF-8 or quoting the csv module cannot read is a one-line error naming the line."""
     raw = path.read_bytes()
     if what := other_format(raw):
         raise InputError(f"{path}: line 1: {what}")
@@ -183,6 +183,12 @@ def _csv_rows(path: Path) -> Iterator[tuple[str, dict[str, Any]]]:
                 raise InputError(
                     f"{path}: line {reader.line_num}: {len(row) - 1 + len(row[None])} fields, but the header names"
                     f" {len(row) - 1} columns"
+                )
+            if None in row.values():  # DictReader's filler for the columns a short row lacks: read as empty, they
+                # would be said as an empty answer, or drop the row as of no category
+                given = sum(value is not None for value in row.values())
+                raise InputError(
+                    f"{path}: line {reader.line_num}: {given} fields, but the header names {len(row)} columns"
                 )
             yield f"line {reader.line_num}", row
     except csv.Error as exc:

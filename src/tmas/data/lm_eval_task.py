@@ -79,7 +79,7 @@ def write_task(
         raise InputError(f"--max-gen-toks must be at least 1 (got {max_gen_toks})")
     if not 0 <= temperature <= 2:
         raise InputError(f"--temperature must be within 0-2 (got {temperature})")
-    missing = [p.problem_id for p in problems if p.answer is None]
+    missing = [p.problem_id for p in problems if not p.labeled]  # a blank answer matches no reply either
     if missing:
         raise InputError(f"problems without an answer cannot be scored: {', '.join(missing[:5])}")
     if not problems:
