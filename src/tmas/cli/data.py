@@ -82,8 +82,12 @@ def data_filter(
     failing server is decided once it answers. Run again with another model, server (where no --model is named),
     sampling or --seed, it is refused before any call: one filter's samples are of one model; give another --run-dir.
 
-    The samples are drawn at the paper's temperature 1.0 and top_p 0.95 unless --temperature or --top-p say
-    otherwise (the paper's filter model: Qwen3-4B-Thinking); the run seed (--seed) seeds the selection too.
+    The samples are drawn at the paper's temperature 1.0, top_p 0.95 and 128K tokens (the paper's filter model:
+    Qwen3-4B-Thinking) where no one set their own: a value of the config file, a TMAS_* variable or a flag is sent as
+    set and said beside the paper's. The 128K tokens are fitted down to the context window the server states; run
+    again on its --run-dir, the filter samples at the max_tokens its samples were drawn with (2048 for a run begun
+    before the paper's length was the default). Problems without an answer are skipped, never sampled. The run seed
+    (--seed) seeds the selection too.
 
     Before any call it prints what it will send, and above --confirm-calls (20,000) or --confirm-tokens asks
     (without a terminal, refuses unless --yes); --dry-run prints the whole estimate and stops."""
