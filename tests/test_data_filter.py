@@ -15,9 +15,18 @@ from typing import Any, ClassVar
 
 import pytest
 
-from conftest import clean_env, config_file, run_tmas, scripted_settings, settings_for, wait_for
+from conftest import SCRIPTED_URL, clean_env, config_file, run_tmas, scripted_settings, settings_for, wait_for
 from scripted_runs import by_role, scripted_run
-from tmas.data.difficulty_filter import FilterCard, filter_settings, run_filter, write_subset
+from tmas.config import load_settings
+from tmas.data.difficulty_filter import (
+    FilterCard,
+    default_max_tokens,
+    filter_settings,
+    run_filter,
+    sampling_notes,
+    user_sampling,
+    write_subset,
+)
 from tmas.errors import ConfigError, InputError
 from tmas.grading.grades import GradeConfig
 from tmas.methods import METHODS, register_method
@@ -635,3 +644,49 @@ def test_a_stopped_filter_says_how_to_resume_it(tmp_path: Path) -> None:
     last = err.decode().strip().splitlines()[-1]
     assert last.startswith("tmas: stopped by SIGTERM; the samples drawn are kept in " + str(where))
     assert last.endswith("run the same command again to resume")
+
+
+def test_the_papers_sampling_fills_only_what_no_one_set_and_a_set_value_is_said(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    config = tmp_path / "c.toml"
+    config.write_text("[sampling]\ntemperature = 0.6\n")
+    monkeypatch.setenv("TMAS_TOP_P", "0.8")
+    given = load_settings(config, overrides={"sampling.max_tokens": 300})
+    settings = filter_settings(given, 4)
+    assert (settings.sampling.temperature, settings.sampling.top_p, settings.sampling.max_tokens) == (0.6, 0.8, 300)
+    assert sampling_notes(user_sampling(given), settings) == [
+        "temperature 0.6 (from the config file; the paper's filter samples at 1.0)",
+        "top_p 0.8 (from TMAS_TOP_P; the paper's filter samples at 0.95)",
+        "max_tokens 300 (from --max-tokens; the paper's filter samples at 131072)",
+    ]
+    # None set: the paper's, said nowhere; max_tokens the paper's 128K where no window is known.
+    monkeypatch.delenv("TMAS_TOP_P")
+    plain = load_settings(None, overrides={"endpoint.base_url": "http://127.0.0.1:9/v1"})
+    paper = filter_settings(plain, 4)
+    assert (paper.sampling.temperature, paper.sampling.top_p, paper.sampling.max_tokens) == (1.0, 0.95, 131072)
+    assert sampling_notes(user_sampling(plain), paper) == []
+
+
+async def test_the_default_length_is_the_windows_where_configured_and_a_filter_runs_own_on_resume(
+    tmp_path: Path,
+) -> None:
+    windowed = load_settings(None, overrides={"endpoint.base_url": SCRIPTED_URL, "endpoint.context_length": 40000})
+    assert await default_max_tokens(windowed, tmp_path / "none") == (
+        40000,
+        "the paper's 131072 fitted to the context window of 40000 tokens",
+    )
+    # A filter's run made at 2048 tokens: resumed at 2048, whatever the window.
+    # (2048 equals the built-in default: such settings count it as no one's, and the paper's would replace it.)
+    settings = filter_settings(scripted_settings(), 2)
+    old = settings.model_copy(update={"sampling": settings.sampling.model_copy(update={"max_tokens": 2048})})
+    model = ScriptedModel(script(), old)
+    problems, run_dir = tmp_path / "b.jsonl", tmp_path / "run"
+    write_problems(problems, [GAMMA])
+    out, grading = tmp_path / "o.jsonl", GradeConfig(mode="rules")
+    await run_filter(problems, run_dir, out, model.settings, grading, k=2, below=2, n=1, seed=0, model=model)
+    assert {c.body["max_tokens"] for c in model.calls} == {2048}
+    assert (await default_max_tokens(windowed, run_dir))[0] == 2048
+    # Set by the user: theirs (None: nothing to fill).
+    given = load_settings(None, overrides={"endpoint.base_url": SCRIPTED_URL, "sampling.max_tokens": 500})
+    assert await default_max_tokens(given, run_dir) == (None, "")

@@ -118,9 +118,11 @@ def data_filter(
     notes = sampling_notes(user, settings)
     said = [f"max_tokens {cap}: {why} (--max-tokens sets another)"] if cap is not None else []
     said += [f"note: {note}" for note in notes]
-    if gate.dry_run:  # said with the estimate it stops at; else once the gate passes (a refusal is the last line)
+    # The estimate first: it refuses a run directory of other samples, and a refusal is the one line said.
+    planned = _filter_estimate(source, where, settings, grading, k, limit)
+    if gate.dry_run and said:  # said with the estimate it stops at; else once the gate passes
         typer.echo("\n".join(f"tmas: {line}" for line in said), err=True)
-    cost_gate(_filter_estimate(source, where, settings, grading, k, limit), gate)
+    cost_gate(planned, gate)
     for line in said:
         typer.echo(f"tmas: {line}", err=True)
     seed = settings.seed
