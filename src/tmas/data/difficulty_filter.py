@@ -83,7 +83,7 @@ class FilterCard:
     kept_counts: dict[int, int] = field(default_factory=dict)
     kept: int = 0
     selected: list[str] = field(default_factory=list)
-    # Problems without a reference answer (or a blank one) cannot be judged: left out.
+    # Problems without a reference answer (or a blank one) cannot be judged: left out before any sample is drawn.
     unlabeled: list[str] = field(default_factory=list)
     # Samples whose call failed (not counted: only replied samples are), problems that failed as a whole, and
     # problems with replies to fewer than half of their k samples (undecided): both left out.
