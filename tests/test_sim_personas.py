@@ -809,11 +809,17 @@ async def test_vllm_context_refusal_in_each_wording(wording: str, http: aiohttp.
     assert error["param"] == ("input_tokens" if wording in ("persona", "output_tokens", "passed") else None)
 
 
-async def test_vllm_today_refuses_a_budget_over_the_whole_window(http: aiohttp.ClientSession) -> None:
-    async with SimServer(SimScript(persona="vllm", context_length=100)) as sim:
+@pytest.mark.parametrize("wording", ["persona", "output_tokens", "passed"])
+async def test_vllm_renderer_refuses_a_budget_over_the_whole_window(wording: str, http: aiohttp.ClientSession) -> None:
+    # Both renderer releases check the budget against the whole window before the prompt, in the same words.
+    script = SimScript.model_validate({"persona": "vllm", "context_length": 100, "context_wording": wording})
+    async with SimServer(script) as sim:
         status, body = await post(http, sim, max_completion_tokens=150)
     assert status == 400
-    assert body["error"]["message"].startswith("max_completion_tokens=150 cannot be greater than")
+    assert body["error"]["message"] == (
+        "max_completion_tokens=150 cannot be greater than max_model_len=max_total_tokens=100. Please request fewer"
+        " output tokens. (parameter=max_completion_tokens, value=150)"
+    )
     assert body["error"]["param"] == "max_completion_tokens"
 
 

@@ -70,38 +70,37 @@ def _max_output_check(c: int, m: int, field_name: str) -> Refusal:
     return Refusal(_vllm_extras(message, field_name, m), param=field_name)
 
 
-def _passed(c: int, n: int, m: int | None, field_name: str) -> Refusal | None:
-    # vLLM renderers/params.py (the renderer releases before the "output tokens" wording) _token_len_check. The
-    # prompt is tokenized with truncation at max_input_tokens + 1 (get_encode_kwargs), so the count it reports
-    # is never more than C - M + 1, whatever the prompt's true length.
-    out = m or 0
-    if out > c:
-        return _max_output_check(c, out, field_name)
-    if n <= c - out:
-        return None
-    seen = min(n, c - out + 1)
-    message = (
-        f"You passed {seen} input tokens and requested {out} output tokens. However, the model's context length is "
-        f"only {c} tokens, resulting in a maximum input length of {c - out} tokens. "
+# vLLM renderers/params.py _token_len_check's refusal of a prompt longer than the window leaves beside M, in each
+# release's words ("{seen}": the prompt's tokens as counted, "{out}": M, "{room}": C - M, "{total}": seen + M).
+_TOKEN_LEN_WORDINGS: dict[str, str] = {
+    # The renderer releases before the "output tokens" wording.
+    "passed": (
+        "You passed {seen} input tokens and requested {out} output tokens. However, the model's context length is "
+        "only {c} tokens, resulting in a maximum input length of {room} tokens. "
         "Please reduce the length of the input prompt."
-    )
-    return Refusal(_vllm_extras(message, "input_tokens", seen), param="input_tokens")
+    ),
+    # vLLM today: the count is at most C - M + 1 (hence "at least"), so the total it reports is C + 1 for any prompt
+    # too long.
+    "output_tokens": (
+        "This model's maximum context length is {c} tokens. However, you requested {out} output tokens and your "
+        "prompt contains at least {seen} input tokens, for a total of at least {total} tokens. "
+        "Please reduce the length of the input prompt or the number of requested output tokens."
+    ),
+}
 
 
-def _output_tokens(c: int, n: int, m: int | None, field_name: str) -> Refusal | None:
-    # vLLM today, renderers/params.py _token_len_check: the same truncated count (at most C - M + 1, hence
-    # "at least"), so the total it reports is C + 1 for any prompt too long.
+def _token_len_check(c: int, n: int, m: int | None, field_name: str, wording: str) -> Refusal | None:
+    # vLLM renderers/params.py _token_len_check, in a release's ``wording`` (_TOKEN_LEN_WORDINGS): a completion budget
+    # larger than the whole window first, then the prompt. The prompt is tokenized with truncation at
+    # max_input_tokens + 1 (get_encode_kwargs), so the count it reports is never more than C - M + 1, whatever the
+    # prompt's true length.
     out = m or 0
     if out > c:
         return _max_output_check(c, out, field_name)
     if n <= c - out:
         return None
     seen = min(n, c - out + 1)
-    message = (
-        f"This model's maximum context length is {c} tokens. However, you requested {out} output tokens and your "
-        f"prompt contains at least {seen} input tokens, for a total of at least {seen + out} tokens. "
-        "Please reduce the length of the input prompt or the number of requested output tokens."
-    )
+    message = wording.format(seen=seen, out=out, c=c, room=c - out, total=seen + out)
     return Refusal(_vllm_extras(message, "input_tokens", seen), param="input_tokens")
 
 
@@ -232,10 +231,8 @@ def context_refusal(
     kind = _PERSONA_WORDING[persona] if wording == "persona" else wording
     if kind == "sglang":
         return _sglang(c, n, m) or _sglang_pool(c, n, pool)
-    if kind == "output_tokens":
-        return _output_tokens(c, n, m, field_name)
-    if kind == "passed":
-        return _passed(c, n, m, field_name)
+    if kind in _TOKEN_LEN_WORDINGS:
+        return _token_len_check(c, n, m, field_name, _TOKEN_LEN_WORDINGS[kind])
     if kind == "too_large":
         return _too_large(c, n, m)
     if kind == "generic":
