@@ -19,7 +19,7 @@ from tmas.grading.judge import JudgeReplyFormat, judge_once
 from tmas.llm.client import LLMClient
 from tmas.llm.model import ChatModel, QuotaSpent
 from tmas.llm.replay import StoreReplay
-from tmas.llm.types import TokenLogprob, user
+from tmas.llm.types import ChatRequest, TokenLogprob, user
 from tmas.llm.watch import UNWATCHED_NOTICE
 from tmas.methods import create_method
 from tmas.methods.base import MethodParams, ProblemResult, ProblemSession
@@ -291,3 +291,21 @@ async def test_a_rules_error_status_fails_the_call_in_process_as_the_http_client
                 await llm.chat("solution", [user(Q.question)])
     with pytest.raises(QuotaSpent, match="refused role 'solution': HTTP 429: You exceeded your current quota"):
         await ScriptedModel(quota, SETTINGS).chat("solution", [user(Q.question)])
+
+
+async def test_a_failed_call_in_process_names_its_call_request_and_model() -> None:
+    # A fault that replaces the reply and a refusal by status fail alike: the call's key, the hash of its request, its
+    # number among the calls and the model asked, with nothing generated.
+    for rule, error, cause in (
+        (Rule(fault="http_500"), "scripted http_500", "http_500"),
+        (Rule(error_status=400, error_message="Engine refused it."), "HTTP 400: Engine refused it.", "http_400"),
+    ):
+        model = ScriptedModel(SimScript(rules=[rule]), SETTINGS)
+        await model.chat("verifier", [user("first")])
+        failed = await model.chat("solution", [user(Q.question)])
+        call = model.calls[-1]
+        assert (failed.error, failed.error_cause, failed.call_id) == (error, cause, 2)
+        assert failed.key == call.key and failed.model == "default" and failed.content == ""
+        sent = ChatRequest.build("default", [user(Q.question)], model.resolve_sampling("solution"))
+        assert failed.request_hash == sent.request_hash(call.key)
+        assert failed.usage.completion_tokens == 0

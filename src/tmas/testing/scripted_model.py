@@ -171,15 +171,7 @@ class ScriptedModel:
         call_id = len(self.calls) + 1
         if rule is not None and rule.fault is not None and rule.fault not in ("truncate", "garbage"):
             # Faults that replace the reply end the call as the HTTP client ends it after its retries.
-            error = f"scripted {rule.fault}"
-            return Completion(
-                key=key,
-                request_hash=request_hash,
-                call_id=call_id,
-                model=request.model,
-                error=error,
-                error_cause=rule.fault,
-            )
+            return _failed(key, request, call_id, f"scripted {rule.fault}", rule.fault)
         if rule is not None and rule.error_status is not None and rule.fault is None:
             return self._refused(role, key, request, rule, rule.error_status, call_id)
         seed = request.sampling.seed
@@ -226,14 +218,7 @@ class ScriptedModel:
         failure = from_status(status, body, request.body(structured=True))
         if failure.cause == "quota":
             raise QuotaSpent(f"endpoint {self._endpoint(role)['url']} refused role {role!r}: {failure}")
-        return Completion(
-            key=key,
-            request_hash=request.request_hash(key),
-            call_id=call_id,
-            model=request.model,
-            error=str(failure),
-            error_cause=failure.cause,
-        )
+        return _failed(key, request, call_id, str(failure), failure.cause)
 
     def end_chain(self, chain: ChainKey) -> None:
         self.ended_chains.append(chain)
@@ -241,3 +226,15 @@ class ScriptedModel:
     async def embed(self, texts: Sequence[str], *, role: str = "embedding") -> list[list[float]]:
         self.embedded.append(list(texts))
         return [embed_text(text, self.script.embedding_dim) for text in texts]
+
+
+def _failed(key: CallKey, request: ChatRequest, call_id: int, error: str, cause: str) -> Completion:
+    """Call ``call_id``, of ``request``, failed for ``cause`` with nothing generated."""
+    return Completion(
+        key=key,
+        request_hash=request.request_hash(key),
+        call_id=call_id,
+        model=request.model,
+        error=error,
+        error_cause=cause,
+    )
