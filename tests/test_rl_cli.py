@@ -108,6 +108,8 @@ async def test_run_to_data_to_lora_training_killed_and_resumed(sim: SimServer, t
 def test_train_and_export_errors(tmp_path: Path) -> None:
     done = tmas("rl", "train", str(tmp_path / "none.parquet"), "-o", str(tmp_path / "o"), "--model", "tiny")
     assert done.returncode == 2 and "no such data file" in done.stderr
+    done = tmas("rl", "pilot", str(tmp_path / "none.parquet"), "-o", str(tmp_path / "k.parquet"), "--model", "tiny")
+    assert done.returncode == 2 and f"{tmp_path / 'none.parquet'}: no such data file" in done.stderr
     done = tmas("rl", "export-gguf", str(tmp_path), "-o", str(tmp_path / "m.gguf"))
     assert done.returncode == 1 and "not a Hugging Face checkpoint (no config.json) nor a LoRA adapter" in done.stderr
     # A JSONL where the parquet goes, and an odd number of rollouts a group: said before any model loads.

@@ -18,6 +18,8 @@ from tmas.rl.train_options import train_default
 PolicyOpt = Annotated[
     str, typer.Option("--model", help="HF checkpoint dir, GGUF file, embedded model name, or 'tiny'.")
 ]
+# The prompt groups that training and the pilot read.
+DataArg = Annotated[Path, typer.Argument(help="Parquet from 'tmas rl build-data'.")]
 # What llama.cpp's convert_hf_to_gguf.py writes (its --outtype).
 OUTTYPES = ("f32", "f16", "bf16", "q8_0", "tq1_0", "tq2_0", "auto")
 
@@ -87,7 +89,7 @@ def build_data(
 
 @rl_app.command("train")
 def train(
-    data: Annotated[Path, typer.Argument(help="Parquet from 'tmas rl build-data'.")],
+    data: DataArg,
     out: Annotated[Path, typer.Option("--out", "-o", help="Output directory (checkpoints, rewards.jsonl, final/).")],
     model: PolicyOpt = "qwen2.5-coder-0.5b",
     config: ConfigOpt = None,
@@ -179,8 +181,7 @@ def train(
     ] = None,
 ) -> None:
     """GRPO on the hybrid rewards with TRL (defaults from the paper's appendix A.4)."""
-    if not data.is_file():  # before the slow imports below
-        raise InputError(f"{data}: no such data file (build one with 'tmas rl build-data')")
+    check_data(data)  # before the slow imports below
     if dtype not in ("float32", "bfloat16"):
         raise InputError(f"--dtype {dtype!r}: expected float32 or bfloat16")
     from tmas.rl.checkpoints import resume_point
@@ -251,6 +252,12 @@ def train(
     typer.echo(f"per-step rewards {out / STEPS_FILE} (curve {out / PLOT_FILE}), per rollout {out / REWARDS_FILE}")
 
 
+def check_data(data: Path) -> None:
+    """Refuse a DATA argument that names no file."""
+    if not data.is_file():
+        raise InputError(f"{data}: no such data file (build one with 'tmas rl build-data')")
+
+
 def training_precision(dtype: str, continuous_batching: bool, use_vllm: bool | None) -> str | None:
     """The precision ``tmas rl train`` generates its rollouts in with these flags; None where vLLM generates them
     (in the precision vLLM loads the model in)."""
@@ -266,7 +273,7 @@ def training_precision(dtype: str, continuous_batching: bool, use_vllm: bool | N
 
 @rl_app.command("pilot")
 def pilot(
-    data: Annotated[Path, typer.Argument(help="Parquet from 'tmas rl build-data'.")],
+    data: DataArg,
     out: Annotated[Path, typer.Option("--out", "-o", help="Parquet of the prompt groups kept (rates beside it).")],
     model: PolicyOpt = "qwen2.5-coder-0.5b",
     samples: Annotated[
@@ -321,8 +328,7 @@ def pilot(
 ) -> None:
     """Sample every prompt group before training, at each --temperature, and keep the groups the model gets right
     --min-rate..--max-rate of the time, at the temperature that keeps the most (rates and a card beside OUT)."""
-    if not data.is_file():
-        raise InputError(f"{data}: no such data file (build one with 'tmas rl build-data')")
+    check_data(data)
     if engine not in ("continuous", "padded") or dtype not in ("float32", "bfloat16"):
         raise InputError(f"--engine {engine!r} / --dtype {dtype!r}: expected continuous|padded and float32|bfloat16")
     if min_rate > max_rate:
