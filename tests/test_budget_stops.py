@@ -233,7 +233,9 @@ async def test_tmas_token_budget_past_its_verifications_skips_the_memory_update(
     assert (cut.status, cut.answer, cut.stopped_reason, len(cut.iterations)) == ("done", "391", "budget", 1)
     notes = cut.iterations[0].notes
     assert "budget spent during the memory update: the banks stay as they were" in notes
-    assert cut.iterations[0].state["experience_update"] == {"status": "skipped"}
+    # Each update the budget refused says so (it was due, not skipped), with the stop that refused it.
+    refused = {"status": "refused", "error": "budget spent (90 completion tokens of a budget of 80) in iteration 0"}
+    assert cut.iterations[0].state["experience_update"] == cut.iterations[0].state["guideline_update"] == refused
 
 
 def stop_notes(result: Any) -> list[str]:

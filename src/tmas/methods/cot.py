@@ -40,9 +40,10 @@ class CoT(Method[CoTParams]):
         p = self.params
         messages = generation_prompt(session.problem.question, p.mode, p.style_of("solution"))
         session.begin_iteration(0)
-        candidate = await solve_call(session, "solution", messages, index=0, mode=p.mode)
+        candidate = await solve_call(session, "solution", messages, index=0, mode=p.mode, keep_refused=True)
         if candidate is None:  # a budget too small for even one call
             return finish(session, self.name, None, stopped=True)
         chosen = candidate if candidate.error is None else None
         session.end_iteration([candidate], chosen=chosen, notes=notes_for([candidate], p.mode))
-        return finish(session, self.name, chosen, stopped=False)
+        # A reply that echoed, whose retry the budget refused, is the record's candidate: the problem ends stopped.
+        return finish(session, self.name, chosen, stopped=session.budget_stop is not None)

@@ -55,7 +55,7 @@ from tmas.methods.base import (
     gather_all,
 )
 from tmas.methods.call_count import CallCount, asked_again, count_calls
-from tmas.methods.echo_retry import chat_guarded
+from tmas.methods.echo_retry import RetryRefused, chat_guarded
 from tmas.methods.mattrl_deliberation import PeerReview, Reviews, Seat, pooled_differential
 from tmas.methods.mattrl_domains import DEFAULT_DOMAIN, DOMAINS, Domain, DomainName, domain_named, domain_names
 from tmas.methods.mattrl_domains.domain import Tier
@@ -603,9 +603,15 @@ class MATTRL(Method[MATTRLParams]):
             found = domain.parse_decision(finished_lines(reply))
             return "final answer" if found is not None and guard.echoes_answer(found.answer) else None
 
-        guarded = await chat_guarded(session, "coordinator", messages, echo_of, sample=_DECISION_SAMPLE)
+        try:
+            guarded = await chat_guarded(session, "coordinator", messages, echo_of, sample=_DECISION_SAMPLE)
+        except RetryRefused as stop:
+            # The reply came back, echoing, and is read as one that echoed twice; the stop ends the problem with it.
+            guarded, talk.stopped = stop.guarded, True
         reply = guarded.reply
-        if guarded.first_echo is not None:
+        if guarded.refused is not None:
+            notes.append("decision: the final answer echoed the prompt's instructions; the budget refused its retry")
+        elif guarded.first_echo is not None:
             notes.append("decision: the final answer echoed the prompt's instructions; asked again")
         # A reply cut at max_tokens is read (and shown to the rewrite) without the line the cut went through.
         said = finished_lines(reply)
@@ -638,7 +644,9 @@ class MATTRL(Method[MATTRLParams]):
                 decision.answer = own
         if decision is None or decision.answer is None:
             why = reply.error or (
-                "its answer echoed the instructions twice"
+                "its answer echoed the instructions; the budget refused its retry"
+                if guarded.refused
+                else "its answer echoed the instructions twice"
                 if guarded.echo
                 else ("empty reply" if not reply.content.strip() else "cut at max_tokens in its first line")
                 if not said.strip()

@@ -7,9 +7,11 @@ is in selection.py.
 A candidate's call that the budget refuses comes back as ``None`` from :func:`solve_call`: a baseline and TMAS record
 the candidates finished so far (each scored from the verifications that came back:
 :func:`tmas.methods.base.gather_finished`) and stop, so an equal-compute comparison keeps every token that was spent.
-MATTRL raises the stop again: the method's own round ends the problem with what finished; the runner ends one whose
-method let the stop through. Whichever ends it, the stop is recorded one way (:meth:`ProblemSession.budget_stopped`):
-the stop reason, the ``budget_stops`` counter, and a ``stopped:`` note in the last iteration record.
+A reply that echoed, whose retry the budget refused, is a candidate of its own for TMAS and CoT (``keep_refused``):
+unusable, in the record with its call and tokens. MATTRL raises the stop again: the method's own round ends the
+problem with what finished; the runner ends one whose method let the stop through. Whichever ends it, the stop is
+recorded one way (:meth:`ProblemSession.budget_stopped`): the stop reason, the ``budget_stops`` counter, and a
+``stopped:`` note in the last iteration record.
 """
 
 from __future__ import annotations
@@ -33,7 +35,7 @@ from tmas.methods.base import (
     ProblemSession,
 )
 from tmas.methods.confidence import Confidence, reply_confidence
-from tmas.methods.echo_retry import chat_guarded
+from tmas.methods.echo_retry import RetryRefused, chat_guarded
 from tmas.methods.selection import ConfidenceRule, ConfidenceVote, FallbackFrom, SelectFrom, SelectRule, select_answered
 from tmas.methods.state import FallbackState
 
@@ -60,6 +62,7 @@ async def solve_call(
     chain: int | None = None,
     attempt: int = 0,
     draw: int | None = None,
+    keep_refused: bool = False,
 ) -> Candidate | None:
     """One solution-writing call of ``role`` as candidate ``index`` (sample ``sample``, else ``index``); None when the
     budget refused the call. Its calls (echo retry and reminder included) belong to ``chain``
@@ -78,7 +81,10 @@ async def solve_call(
     samples in the step the call is, where that is not its sample (the configured seed goes plus it).
 
     A reply that echoes the prompt's instructions is asked again once (:mod:`tmas.agents.echo`); when the retry
-    echoes too, the candidate has an error, so no answer, vote or later prompt uses it. With ``remind``, a reply
+    echoes too, the candidate has an error, so no answer, vote or later prompt uses it. Where the budget refused that
+    retry, the first reply was answered and spent: with ``keep_refused`` it is the candidate, unusable as one that
+    echoed twice, its error and ``meta.retry_refused`` saying the budget refused the retry (the caller ends with the
+    stop, :attr:`ProblemSession.budget_stop`); without, None, as for a refused call. With ``remind``, a reply
     without an answer (not cut at max_tokens) is sent back once with a reminder of the required output
     (:func:`_remind`).
     """
@@ -102,11 +108,19 @@ async def solve_call(
             attempt=attempt,
             draw=draw,
         )
+    except RetryRefused as refused:
+        if not keep_refused:
+            return None
+        guarded = refused.guarded
     except BudgetExhausted:
         return None
     reply = guarded.reply
     info = meta.model_copy(deep=True) if meta is not None else CandidateMeta()
     info.echo_retry = guarded.first_echo
+    if guarded.refused is not None:
+        info.echo, info.retry_refused = guarded.echo, guarded.refused
+        error = f"the {guarded.echo} echoed the prompt's instructions; the budget refused its retry"
+        return _unusable(index, reply, guarded.usage, parse(reply.content, mode).text, error, info)
     if reply.stopped_early is not None:
         info.stopped_early = reply.stopped_early
         error = f"stopped early: {reply.stopped_early}"
@@ -251,10 +265,15 @@ def solution_anomalies(c: Candidate, mode: str) -> list[Anomaly]:
     counter kind it counts under: TMAS counts them in ``ProblemResult.counters``; the baselines keep the notes."""
     found: list[Anomaly] = []
     at, meta = f"candidate {c.index}", c.meta
-    if meta.echo_retry:
+    if meta.retry_refused:
+        # One reply, which echoed: counted once, its note saying why it is unusable.
+        found.append(("solution_echo", f"{at}: unusable: {c.error} ({meta.retry_refused})"))
+    elif meta.echo_retry:
         found.append(("solution_echo", f"{at}: its {meta.echo_retry} echoed the prompt's instructions; asked again"))
     if meta.stopped_early:
         found.append(("solution_stopped_early", f"{at}: {c.error}"))
+    elif meta.retry_refused:
+        pass
     elif meta.echo:
         found.append(("solution_echo", f"{at}: unusable: {c.error}"))
     elif c.error:

@@ -44,7 +44,11 @@ configured (``tmas.methods.reasked``).
 A budget stop (``BudgetExhausted``) ends the problem with what finished: the iteration it cut short is recorded with
 the candidates whose solutions came back, each scored from the verifications that came back (kept unverified and
 unscored where the stop refused them all), with no summary or memory update, and the answer is chosen among them as
-after a last iteration; a stop that refused every solution call of an iteration leaves no record of it. Resume needs no
+after a last iteration; a stop that refused every solution call of an iteration leaves no record of it. An echoing
+reply whose retry the stop refused was spent, and is recorded as after a second echo (a solution: an unusable candidate
+saying the budget refused its retry; a summary: one built from the scores; a memory update: the reply applied without
+its echoing items); a memory call the stop refused is recorded as refused, the other one's update applied where it came
+back. Resume needs no
 state of its own: every call is replayed from the run store, and every draw depends only on the run seed, so
 re-running reaches the same state.
 """
@@ -100,7 +104,7 @@ from tmas.methods.base import (
 )
 from tmas.methods.call_count import CallCount, asked_again, count_calls
 from tmas.methods.confidence_params import note_missing_confidence
-from tmas.methods.echo_retry import GuardedReply, chat_guarded, reply_to_read
+from tmas.methods.echo_retry import GuardedReply, RetryRefused, chat_guarded, reply_to_read
 from tmas.methods.reasked import Reasked
 from tmas.methods.state import EarlyStop, MethodState, TMASState
 from tmas.methods.steps import (
@@ -304,15 +308,16 @@ class TMAS(Method[TMASParams]):
                 log.notes.append("the budget stopped the iteration: summaries and memory update skipped")
             # Lines 19-20, unless nothing will read E_t or G_t (the saving early stopping is for).
             budget = cut
-            try:
-                skip = settled is not None or last or cut is not None
-                memory = await self._update_memory(session, rollouts, state, log, skip=skip)
-            except BudgetExhausted as spent:
-                # The budget ran out in the memory update: the iteration's candidates stand, as the last
-                # iteration's do without one, and the problem stops with them (below, once they are recorded).
-                budget = spent.detail
-                log.notes.append("budget spent during the memory update: the banks stay as they were")
-                memory = await self._update_memory(session, rollouts, state, log, skip=True)
+            skip = settled is not None or last or cut is not None
+            memory = await self._update_memory(session, rollouts, state, log, skip=skip)
+            if budget is None and session.budget_stop is not None:
+                # The budget ran out in the memory update: the iteration's candidates stand, as the last iteration's
+                # do without one, and the problem stops with them (below, once they are recorded). Each bank took
+                # what came back of its update (a call refused: none; a retry refused: the first reply's).
+                budget = session.budget_stop
+                applied = "applied" in (memory.experience_info.get("status"), memory.guideline_info.get("status"))
+                kept = "each bank took what came back of its update" if applied else "the banks stay as they were"
+                log.notes.append(f"budget spent during the memory update: {kept}")
             state = MemoryState(rollouts=rollouts, experience=memory.experience, guideline=memory.guideline)
             chosen = await self._select(session, candidates)
             if chosen.fallback is not None:
@@ -601,6 +606,7 @@ class TMAS(Method[TMASParams]):
             confidence_window=p.confidence_window if p.asks_confidence(p.select) else None,
             chain=i,
             attempt=attempt,
+            keep_refused=True,
         )
         asked.sent(i, "solution", plan.messages[i], candidate)
         if candidate is None:
@@ -669,18 +675,29 @@ class TMAS(Method[TMASParams]):
         q = session.problem.question
         s_messages = summary_prompt(q, solution, verifications, max_tokens=session.max_tokens("summary"))
         s_guard = EchoGuard.of(s_messages)
-        s_guarded = await chat_guarded(
-            session,
-            "summary",
-            s_messages,
-            lambda r: "summary" if s_guard.echoes_text(r.content) else None,
-            sample=i,
-            chain=i,
-        )
+        try:
+            s_guarded = await chat_guarded(
+                session,
+                "summary",
+                s_messages,
+                lambda r: "summary" if s_guard.echoes_text(r.content) else None,
+                sample=i,
+                chain=i,
+            )
+        except RetryRefused as refused:
+            # The reply came back, echoing, and was spent: its call is the summary's; the stop ends the problem.
+            s_guarded = refused.guarded
         s_reply = s_guarded.reply
+        summary: Summary
+        if s_guarded.refused is not None:
+            log.bad(
+                "summary_echo",
+                f"candidate {i}: the summary echoed the prompt's instructions; the budget refused its retry"
+                f" ({s_guarded.refused}); scores used",
+            )
+            return summary_from_scores(verifications, "the summary echoed its instructions"), s_reply.call_id
         if s_guarded.first_echo is not None:
             log.bad("summary_echo", f"candidate {i}: the summary echoed the prompt's instructions; asked again")
-        summary: Summary
         if s_guarded.echo is not None:
             log.bad("summary_echo", f"candidate {i}: the retried summary echoed the instructions too; scores used")
             summary = summary_from_scores(verifications, "the summary echoed its instructions")
@@ -866,7 +883,9 @@ class TMAS(Method[TMASParams]):
         """One memory agent's call and parse. None with the reason when the update is unusable: the caller then
         keeps the previous bank, never a half-applied one. An update with an item that echoes the prompt's
         instructions is asked again once; echoing items of the reply used are dropped, so they never enter a bank.
-        The reply used is the retry's, unless the retry failed or is unreadable: then the first one's."""
+        The reply used is the retry's, unless the retry failed, is unreadable or the budget refused it: then the first
+        one's. A call the budget refused is no update (``{"status": "refused"}``); the stop stays in
+        :attr:`ProblemSession.budget_stop`, which ends the problem once the iteration is recorded."""
         guard = EchoGuard.of(messages)
 
         def echo_of(r: Completion) -> str | None:
@@ -876,8 +895,17 @@ class TMAS(Method[TMASParams]):
                 return None
             return f"{len(dropped)} item(s) echoing the prompt's instructions" if dropped else None
 
-        guarded = await chat_guarded(session, role, messages, echo_of, reply_model=reply_model)
-        if guarded.first_echo is not None:
+        try:
+            guarded = await chat_guarded(session, role, messages, echo_of, reply_model=reply_model)
+        except RetryRefused as refused:
+            # The first reply came back and was spent: read without its echoing items, as after an unusable retry.
+            guarded = refused.guarded
+        except BudgetExhausted as stop:
+            log.notes.append(f"{role} update: the budget refused its call; previous bank kept")
+            return None, {"status": "refused", "error": stop.detail}
+        if guarded.refused is not None:
+            log.bad(f"{role}_echo", f"{role} update held {guarded.first_echo}; the budget refused its retry")
+        elif guarded.first_echo is not None:
             log.bad(f"{role}_echo", f"{role} update held {guarded.first_echo}; asked again")
         reply, retry = _reply_to_use(session, role, guarded, parse, log)
         if not reply.ok:
@@ -955,6 +983,9 @@ def _reply_to_use(
     used, why = reply_to_read(guarded, lambda r: _unusable_update(r, parse))
     if why is None:
         return used, None
+    if guarded.refused is not None:
+        # No retry came back: the first reply is read, and the update's record says the budget refused the retry.
+        return used, {"status": "refused", "error": guarded.refused}
     retry = guarded.reply
     if retry.ok:
         session.tally(role).unusable += 1

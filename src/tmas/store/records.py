@@ -110,6 +110,8 @@ class CandidateMeta(_Sparse):
     # What of the reply echoed the prompt's instructions: on the first try (asked again), on both (unusable).
     echo_retry: str | None = None
     echo: str | None = None
+    # The budget stop that refused the echo's retry: the candidate is the first reply, which echoed (``echo``).
+    retry_refused: str | None = None
     # Why a watched reply was stopped while it streamed (online stopping), and how the sample was watched.
     stopped_early: str | None = None
     online_stop: Literal["warmup", "watched"] | None = None

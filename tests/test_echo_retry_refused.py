@@ -1,0 +1,266 @@
+"""An agent call under the echo guard whose retry the budget refused: the first reply, answered and spent, stays in
+the records (its call, its tokens, what echoed and why it was not asked again), is kept out of answers, and the
+problem ends stopped by the budget as every method's stop is recorded. In process on the scripted model."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from conftest import scripted_settings
+from scripted_runs import by_role, solve_in_process
+from tmas.agents.echo import ECHO_RETRY_SAMPLE
+from tmas.api import asolve
+from tmas.llm.replay import StoreReplay
+from tmas.llm.types import Completion, Message
+from tmas.methods import create_method
+from tmas.methods.base import BudgetExhausted, MethodParams, ProblemResult, ProblemSession
+from tmas.methods.echo_retry import RetryRefused, chat_guarded, reply_to_read
+from tmas.problems import Problem
+from tmas.runner import solve_one
+from tmas.store.run_store import RunStore
+from tmas.testing import Rule, ScriptedModel, SimScript
+
+Q = "What is 17*23?"
+# A solution that copies the concise style's instructions, and boxes their wording for the answer.
+SOLUTION_ECHO = (
+    "Finish with one last line that holds nothing but the final answer you computed.\n"
+    "\\boxed{the final answer you computed}"
+)
+SUMMARY_ECHO = (
+    "List the reasoning steps that the verifiers confirmed as correct, so that they can be reused. List the errors "
+    "and gaps the verifiers found, most serious first, saying where each one occurs."
+)
+EXPERIENCE_ECHO = "a transformation that turns the problem or a sub-problem into a simpler or better understood one"
+FINDING = "17 times 23 splits as 17 times 20 plus 17 times 3, which is 340 plus 51"
+GUIDELINE_ECHO = "the mathematical framework, the key structural insight and the angle of attack"
+
+
+async def solve(
+    method: str, rules: list[Rule], budget: dict[str, Any], **params: Any
+) -> tuple[ProblemResult, ScriptedModel]:
+    settings = scripted_settings(method={"name": method, "params": params}, budget=budget)
+    model = ScriptedModel(SimScript(rules=rules), settings)
+    return await solve_in_process(model, Q), model
+
+
+async def test_chat_guarded_carries_the_first_reply_up_with_the_stop() -> None:
+    # One call of budget: the reply echoes and its retry is refused. The stop goes up as a BudgetExhausted holding
+    # the reply that came back; reply_to_read reads that reply, saying the budget refused the retry.
+    settings = scripted_settings(budget={"calls": 1})
+    model = ScriptedModel(SimScript(rules=[Rule(role="solution", replies=["ECHO"])]), settings)
+    problem = Problem(problem_id="q", question=Q)
+    session = ProblemSession(problem, model, None, params=MethodParams(), budget=settings.budget)
+    messages = [Message(role="user", content=Q)]
+
+    def echo_of(reply: Completion) -> str | None:
+        return "answer" if reply.content == "ECHO" else None
+
+    with pytest.raises(RetryRefused) as raised:
+        await chat_guarded(session, "solution", messages, echo_of)
+    assert isinstance(raised.value, BudgetExhausted)
+    guarded = raised.value.guarded
+    [call] = model.calls
+    assert guarded.reply.call_id == call.reply.call_id and guarded.echoed is None
+    assert (guarded.first_echo, guarded.echo, guarded.refused) == ("answer", "answer", session.budget_stop)
+    assert guarded.usage == call.reply.usage and session.tally("solution").echo == 1
+    read, why = reply_to_read(guarded, lambda r: None)
+    assert read is guarded.reply and why == f"the budget refused it ({session.budget_stop})"
+
+
+async def test_a_cot_solution_whose_retry_the_budget_refused_is_recorded_and_ends_the_problem(
+    tmp_path: Path,
+) -> None:
+    # Before, the stop threw the reply away: no iteration record, and the problem was not marked stopped.
+    settings = scripted_settings(method={"name": "cot", "params": {"style": "concise"}}, budget={"calls": 1})
+    model = ScriptedModel(SimScript(rules=[Rule(role="solution", replies=[SOLUTION_ECHO])]), settings)
+    result = await asolve(Q, model=model, run_dir=tmp_path / "run")
+    [call] = model.calls
+    assert (result.status, result.stopped_reason, result.answer) == ("failed", "budget", None)
+    assert result.counters["budget_stops"] == 1
+    [record] = result.iterations
+    assert record.calls == 1 and record.usage == call.reply.usage and record.replies["solution"].echo == 1
+    [candidate] = record.candidates
+    assert candidate.call_id == call.reply.call_id and candidate.usage == call.reply.usage
+    assert candidate.answer is None and record.selected is None
+    assert candidate.error == "the answer echoed the prompt's instructions; the budget refused its retry"
+    assert (candidate.meta.echo_retry, candidate.meta.echo) == ("answer", "answer")
+    assert candidate.meta.retry_refused == "budget spent (1 calls of a budget of 1) in iteration 0"
+    assert record.notes == [
+        f"candidate 0: unusable: {candidate.error} ({candidate.meta.retry_refused})",
+        f"stopped: {candidate.meta.retry_refused}",
+    ]
+
+
+async def test_a_tmas_solution_whose_retry_the_budget_refused_stays_in_the_record_out_of_the_answer() -> None:
+    # n = 2, m = 1, 2 calls: both solutions go; candidate 0's echoes, and its retry is refused, as is candidate 1's
+    # verification. Candidate 0 is recorded unusable, with its call and tokens; candidate 1 answers.
+    echo = Rule(role="solution", pattern="", replies=[SOLUTION_ECHO], times=1)
+    result, model = await solve("tmas", [echo], {"calls": 2}, n=2, m=1, iterations=2, style="concise")
+    assert [c.role for c in model.calls] == ["solution", "solution"]
+    echoed = next(c for c in model.calls if c.reply.content == SOLUTION_ECHO)
+    assert (result.status, result.stopped_reason, result.answer) == ("done", "budget", "391")
+    [record] = result.iterations
+    assert record.calls == 2 and record.replies["solution"].echo == 1
+    refused = next(c for c in record.candidates if c.meta.retry_refused)
+    assert refused.call_id == echoed.reply.call_id and refused.usage == echoed.reply.usage
+    assert refused.answer is None and refused.meta.echo == "answer" and refused.score == 0.0
+    assert refused.meta.verifications is None
+    assert record.selection is not None and record.selection.candidate != refused.index
+    assert result.counters == {"budget_stops": 1, "solution_echo": 1}
+    assert f"candidate {refused.index}: unusable: {refused.error} ({refused.meta.retry_refused})" in record.notes
+    stop = "stopped: budget spent (2 calls of a budget of 2) in iteration 0"
+    assert record.notes[-1] == f"{stop}; 2 of 2 candidates finished"
+
+
+async def test_a_tmas_solution_alone_whose_retry_the_budget_refused_leaves_a_record() -> None:
+    # Before, the stop left no record at all and the problem failed with no trace of the call it paid for.
+    echo = Rule(role="solution", replies=[SOLUTION_ECHO])
+    result, model = await solve("tmas", [echo], {"calls": 1}, n=1, m=1, iterations=2, style="concise")
+    [call] = model.calls
+    assert (result.status, result.stopped_reason, result.answer) == ("failed", "budget", None)
+    [record] = result.iterations
+    [candidate] = record.candidates
+    assert candidate.call_id == call.reply.call_id and candidate.meta.retry_refused is not None
+    assert record.usage == call.reply.usage == result.usage
+
+
+async def test_a_tmas_summary_whose_retry_the_budget_refused_is_built_from_the_scores_and_keeps_its_call() -> None:
+    # n = 1, m = 1, 3 calls: the solution, its verification and the summary, which echoes; its retry is refused.
+    echo = Rule(role="summary", replies=[SUMMARY_ECHO])
+    result, model = await solve("tmas", [echo], {"calls": 3}, n=1, m=1, iterations=2)
+    assert [c.role for c in model.calls] == ["solution", "verifier", "summary"]
+    assert (result.status, result.stopped_reason, result.answer) == ("done", "budget", "391")
+    [record] = result.iterations
+    [candidate] = record.candidates
+    summary_call = model.calls[-1].reply
+    assert candidate.meta.summary_call_id == summary_call.call_id
+    assert candidate.meta.summary and SUMMARY_ECHO not in candidate.meta.summary
+    assert record.replies["summary"].echo == 1 and result.counters["summary_echo"] == 1
+    stop = "budget spent (3 calls of a budget of 3) in iteration 0"
+    assert (
+        f"candidate 0: the summary echoed the prompt's instructions; the budget refused its retry ({stop}); scores used"
+        in record.notes
+    )
+
+
+def memory_echoes() -> list[Rule]:
+    ops = [{"op": "ADD", "kind": "anchor", "content": text} for text in (EXPERIENCE_ECHO, FINDING)]
+    strategy = {"rollout": 1, "strategy": GUIDELINE_ECHO, "novelty": 1, "same_as": None}
+    return [
+        Rule(role="experience", replies=[json.dumps({"operations": ops})]),
+        Rule(role="guideline", replies=[json.dumps({"rollouts": [strategy]})]),
+    ]
+
+
+async def test_memory_updates_whose_retries_the_budget_refused_take_the_first_replies_less_their_echoes() -> None:
+    # n = 1, m = 1: the solution, verification and summary, then both memory calls (5 calls); both echo, and both
+    # retries are refused. Each bank takes its first reply without its echoing items, and says its retry was refused.
+    result, model = await solve("tmas", memory_echoes(), {"calls": 5}, n=1, m=1, iterations=2)
+    assert by_role(model) == {"solution": 1, "verifier": 1, "summary": 1, "experience": 1, "guideline": 1}
+    assert (result.status, result.stopped_reason, result.answer) == ("done", "budget", "391")
+    [record] = result.iterations
+    state = record.state
+    stop = "budget spent (5 calls of a budget of 5) in iteration 0"
+    experience, guideline = state["experience_update"], state["guideline_update"]
+    assert experience["status"] == "applied" and experience["call_id"] == model.calls_of("experience")[0].reply.call_id
+    assert experience["retry"] == {"status": "refused", "error": stop} and len(experience["echo_dropped"]) == 1
+    assert [e["content"] for e in state["experience_bank"]["entries"]] == [FINDING]
+    assert guideline["status"] == "applied" and guideline["retry"] == {"status": "refused", "error": stop}
+    assert state["guideline_bank"]["strategies"] == []
+    assert record.replies["experience"].echo == record.replies["guideline"].echo == 1
+    assert "experience update held 1 item(s) echoing the prompt's instructions; the budget refused its retry" in (
+        record.notes
+    )
+    assert "budget spent during the memory update: each bank took what came back of its update" in record.notes
+    assert record.notes[-1] == f"stopped: {stop}"
+
+
+async def test_memory_calls_the_budget_refused_are_recorded_as_refused() -> None:
+    # 3 calls: both memory calls are refused. Each update is recorded as refused (before: "skipped", as if never
+    # asked), and the banks stay as they were.
+    result, model = await solve("tmas", [], {"calls": 3}, n=1, m=1, iterations=2)
+    assert [c.role for c in model.calls] == ["solution", "verifier", "summary"]
+    [record] = result.iterations
+    stop = "budget spent (3 calls of a budget of 3) in iteration 0"
+    assert record.state["experience_update"] == record.state["guideline_update"] == {"status": "refused", "error": stop}
+    assert "experience update: the budget refused its call; previous bank kept" in record.notes
+    assert "guideline update: the budget refused its call; previous bank kept" in record.notes
+    assert "budget spent during the memory update: the banks stay as they were" in record.notes
+    assert result.stopped_reason == "budget" and record.notes[-1] == f"stopped: {stop}"
+
+
+async def test_one_memory_call_refused_leaves_the_other_update_applied() -> None:
+    # 4 calls: the experience call goes, the guideline call is refused. The experience update that came back is
+    # applied (before: thrown away with the guideline's); the guideline's is recorded as refused.
+    result, model = await solve("tmas", [], {"calls": 4}, n=1, m=1, iterations=2)
+    assert [c.role for c in model.calls] == ["solution", "verifier", "summary", "experience"]
+    [record] = result.iterations
+    assert record.state["experience_update"]["status"] == "applied"
+    assert record.state["experience_update"]["call_id"] == model.calls[-1].reply.call_id
+    assert record.state["experience_bank"]["entries"]
+    assert record.state["guideline_update"]["status"] == "refused"
+    assert "budget spent during the memory update: each bank took what came back of its update" in record.notes
+
+
+async def test_a_mattrl_decision_whose_retry_the_budget_refused_ends_with_the_teams_answer() -> None:
+    # 11 calls: the team, three opinions, six reviews and the decision, whose answer echoes its instructions; the
+    # retry is refused. The decision falls to the team's majority, its reply is in the transcript, and the problem
+    # ends stopped by the budget (before: the stop threw the reply away and no note said why).
+    echo = (
+        "<analysis>\n- the team agrees\n</analysis>\n<final_answer>\nthe answer alone, on one line, or N/A if it cannot"
+        " be determined\n</final_answer>"
+    )
+    chair = Rule(role="coordinator", pattern="<team_summary>", replies=[echo])
+    result, model = await solve("mattrl", [chair], {"calls": 11}, iterations=1)
+    assert by_role(model) == {"coordinator": 2, "specialist": 3, "reviewer": 6}
+    assert (result.status, result.stopped_reason, result.answer) == ("done", "budget", "391")
+    assert result.counters["budget_stops"] == 1
+    [record] = result.iterations
+    chair_call = model.calls_of("coordinator")[-1]
+    assert chair_call.key.sample < ECHO_RETRY_SAMPLE and record.replies["coordinator"].echo == 1
+    reports = [u for u in record.state["transcript"]["utterances"] if u["kind"] == "report"]
+    assert [u["call_id"] for u in reports] == [chair_call.reply.call_id]
+    assert record.notes[-3:] == [
+        "decision: the final answer echoed the prompt's instructions; the budget refused its retry",
+        "decision: unreadable (its answer echoed the instructions; the budget refused its retry); the team's majority"
+        " answer is used",
+        "stopped: budget spent (11 calls of a budget of 11) in iteration 0",
+    ]
+
+
+RESUMED = [
+    ("cot", {"style": "concise"}, [Rule(role="solution", replies=[SOLUTION_ECHO])], 1),
+    ("tmas", {"n": 1, "m": 1, "style": "concise"}, [Rule(role="solution", replies=[SOLUTION_ECHO])], 1),
+    ("tmas", {"n": 1, "m": 1, "iterations": 2}, [Rule(role="summary", replies=[SUMMARY_ECHO])], 3),
+    ("tmas", {"n": 1, "m": 1, "iterations": 2, "no_guideline": True}, memory_echoes(), 4),
+]
+
+
+@pytest.mark.parametrize(("method", "params", "rules", "calls"), RESUMED)
+async def test_a_problem_solved_again_from_its_store_replays_the_refused_retrys_first_reply(
+    tmp_path: Path, method: str, params: dict[str, Any], rules: list[Rule], calls: int
+) -> None:
+    # Solved again from the run store (a resume), the problem asks nothing: every call it made, the first reply whose
+    # retry the budget refused included, is replayed, and it stops where it stopped, with the same records. (Calls
+    # in flight together replay in another order than they were answered in: one call at a time here.)
+    settings = scripted_settings(method={"name": method, "params": params}, budget={"calls": calls})
+    problem = Problem(problem_id="q", question=Q, answer="391")
+    solver = create_method(method, params)
+    with RunStore(tmp_path / "run") as store:
+        first_model = ScriptedModel(SimScript(rules=rules), settings)
+        session = ProblemSession(
+            problem, StoreReplay(first_model, store), store, budget=settings.budget, params=solver.params
+        )
+        first = await solve_one(solver, session)
+        again_model = ScriptedModel(SimScript(), settings)
+        replay = StoreReplay(again_model, store)
+        again = await solve_one(
+            solver, ProblemSession(problem, replay, store, budget=settings.budget, params=solver.params)
+        )
+    assert len(first_model.calls) == calls and again_model.calls == [] and replay.replayed == calls
+    assert (again.stopped_reason, again.answer) == (first.stopped_reason, first.answer)
+    assert [r.model_dump() for r in again.iterations] == [r.model_dump() for r in first.iterations]
