@@ -264,3 +264,26 @@ async def test_a_problem_solved_again_from_its_store_replays_the_refused_retrys_
     assert len(first_model.calls) == calls and again_model.calls == [] and replay.replayed == calls
     assert (again.stopped_reason, again.answer) == (first.stopped_reason, first.answer)
     assert [r.model_dump() for r in again.iterations] == [r.model_dump() for r in first.iterations]
+
+
+@pytest.mark.parametrize(("method", "params"), [("majority", {"k": 2}), ("pacore", {"responses_per_round": 2})])
+async def test_a_sample_whose_retry_the_budget_refused_is_recorded_and_casts_no_vote(
+    method: str, params: dict[str, Any]
+) -> None:
+    # Two samples go together; sample 0 echoes and its retry is refused. It is in the record, unusable, with its
+    # call and tokens (before: no candidate at all); sample 1 answers.
+    echo = Rule(role="solution", replies=[SOLUTION_ECHO], times=1)
+    result, model = await solve(method, [echo], {"calls": 2}, style="concise", iterations=2, **params)
+    assert [c.role for c in model.calls] == ["solution", "solution"]
+    echoed = next(c for c in model.calls if c.reply.content == SOLUTION_ECHO)
+    assert (result.status, result.stopped_reason, result.answer) == ("done", "budget", "391")
+    [record] = result.iterations
+    refused = next(c for c in record.candidates if c.meta.retry_refused)
+    assert len(record.candidates) == 2 and refused.answer is None
+    assert refused.call_id == echoed.reply.call_id and refused.usage == echoed.reply.usage
+    assert record.calls == 2 and record.replies["solution"].echo == 1
+    assert f"candidate {refused.index}: unusable: {refused.error} ({refused.meta.retry_refused})" in record.notes
+    assert (
+        record.notes[-1]
+        == "stopped: budget spent (2 calls of a budget of 2) in iteration 0; 2 of 2 candidates finished"
+    )

@@ -146,6 +146,8 @@ class PaCoRe(Method[PaCoReParams]):
         successful response) goes with a new seed where one is configured: the same one would draw the same reply."""
         attempt = asked.attempt(i, role, prompt)
         meta = CandidateMeta(prompt=kind)
-        candidate = await solve_call(session, role, prompt, index=i, mode=self.params.mode, meta=meta, attempt=attempt)
+        candidate = await solve_call(
+            session, role, prompt, index=i, mode=self.params.mode, meta=meta, attempt=attempt, keep_refused=True
+        )
         asked.sent(i, role, prompt, candidate)
         return candidate
