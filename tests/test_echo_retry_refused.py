@@ -287,3 +287,26 @@ async def test_a_sample_whose_retry_the_budget_refused_is_recorded_and_casts_no_
         record.notes[-1]
         == "stopped: budget spent (2 calls of a budget of 2) in iteration 0; 2 of 2 candidates finished"
     )
+
+
+async def test_an_rse_distillation_whose_retry_the_budget_refused_is_read_from_its_first_reply() -> None:
+    # n = 1, 2 calls: the sample, then its distillation, which holds an item copied from its instructions and one
+    # finding; its retry is refused. The finding enters the bank as after an unusable retry (before: the whole
+    # distillation was counted refused, as if nothing came back), and the problem ends stopped by the budget.
+    echoed = "intermediate facts the attempt establishes that you have rechecked yourself and found correct"
+    steps = "Carrying out the operations of 17*23 step by step gives 391."
+    reply = json.dumps({"propositions": [echoed, steps], "pitfalls": []})
+    result, model = await solve("rse", [Rule(role="distiller", replies=[reply])], {"calls": 2}, n=1, iterations=2)
+    assert [c.role for c in model.calls] == ["solution", "distiller"]
+    assert (result.status, result.stopped_reason, result.answer) == ("done", "budget", "391")
+    [record] = result.iterations
+    assert record.state["bank"] == {"propositions": [steps], "pitfalls": []}
+    assert (record.state["distill"]["distilled"], record.state["distill"]["refused"]) == (1, 0)
+    assert record.replies["distiller"].echo == 1 and record.replies["distiller"].unusable == 0
+    stop = "budget spent (2 calls of a budget of 2) in iteration 0"
+    assert (
+        f"distillation of candidate 0: 1 item(s) echoed the instructions; the budget refused its retry ({stop});"
+        " the first reply is used" in record.notes
+    )
+    assert not any("distillations came back before the budget stop" in note for note in record.notes)
+    assert record.notes[-1] == f"stopped: {stop}; 1 of 1 candidates finished"

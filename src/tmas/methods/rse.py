@@ -58,7 +58,7 @@ from tmas.methods.base import (
     gather_all,
 )
 from tmas.methods.call_count import CallCount, asked_again, count_calls
-from tmas.methods.echo_retry import chat_guarded, reply_to_read
+from tmas.methods.echo_retry import RetryRefused, chat_guarded, reply_to_read
 from tmas.methods.reasked import Reasked
 from tmas.methods.state import FallbackState, MethodState
 from tmas.methods.steps import Chosen, close_iteration, finish, notes_for, solve_call
@@ -243,17 +243,26 @@ class RSE(Method[RSEParams]):
                 guarded = await chat_guarded(
                     session, "distiller", messages, echo_of, sample=c.index, reply_model=shape, attempt=attempt
                 )
+            except RetryRefused as stop:
+                # The first reply came back and was spent: read without its echoing items, as after an unusable
+                # retry; the stop ends the problem after this iteration.
+                guarded = stop.guarded
             except BudgetExhausted:
                 refused.append(c.index)
                 return None
             asked.add(c.index, "distiller", messages, 1 if guarded.echoed is None else 2)
-            if guarded.first_echo is not None:
+            if guarded.refused is not None:
+                notes.append(
+                    f"distillation of candidate {c.index}: {guarded.first_echo} echoed the instructions; the budget"
+                    f" refused its retry ({guarded.refused}); the first reply is used"
+                )
+            elif guarded.first_echo is not None:
                 notes.append(
                     f"distillation of candidate {c.index}: {guarded.first_echo} echoed the instructions; asked again"
                 )
             # A retry that failed or does not parse leaves the first reply, read without its echoing items below.
             reply, why = reply_to_read(guarded, unreadable)
-            if why is not None:
+            if why is not None and guarded.refused is None:
                 if guarded.reply.ok:
                     session.tally("distiller").unusable += 1
                 notes.append(f"distillation of candidate {c.index}: retry unusable ({why}); the first reply is used")
