@@ -310,3 +310,56 @@ async def test_an_rse_distillation_whose_retry_the_budget_refused_is_read_from_i
     )
     assert not any("distillations came back before the budget stop" in note for note in record.notes)
     assert record.notes[-1] == f"stopped: {stop}; 1 of 1 candidates finished"
+
+
+# Three first solutions, told apart by their opening words; the refiner or corrector writes each one again.
+PATH_A, PATH_B, PATH_C = "Path A: 5.\n\n\\boxed{5}", "Path B: 7.\n\n\\boxed{7}", "Path C: 7.\n\n\\boxed{7}"
+SCORE_1 = "## Analysis\nEvery step checks out.\n\n## Score\nScore: 1"
+
+
+def refining(role: str, echo: bool) -> list[Rule]:
+    """Iteration 0 writes 5, 7, 7; each later call writes its trajectory's solution again, except trajectory 2's,
+    which echoes the prompt's instructions with ``echo``."""
+    return [
+        Rule(role="solution", replies=[PATH_A, PATH_B, PATH_C]),
+        *([Rule(role=role, pattern="Path C", replies=[SOLUTION_ECHO])] if echo else []),
+        *[
+            Rule(role=role, pattern=f"Path {p}", replies=[s])
+            for p, s in zip("ABC", (PATH_A, PATH_B, PATH_C), strict=True)
+        ],
+        Rule(role="verifier", replies=[SCORE_1]),
+    ]
+
+
+@pytest.mark.parametrize(
+    ("method", "role", "calls"), [("self_refine", "refiner", 5), ("verify_refine", "corrector", 8)]
+)
+async def test_a_refinement_whose_retry_the_budget_refused_is_recorded_and_its_trajectory_holds_its_solution(
+    method: str, role: str, calls: int
+) -> None:
+    # Iteration 1's calls go in trajectory order. With `calls`, trajectory 2's refinement is refused outright: it
+    # holds its 7 of iteration 0 (held_over), and the vote is 5, 7, 7. With one call more, its refinement comes back
+    # echoing and its retry is refused: the reply is in the record (call, tokens, the stop), and the trajectory still
+    # holds its 7 (before: no record of the reply, and trajectory 2 out of the vote: 5 against 7, a tie 5 won).
+    params = {"n": 3, "iterations": 3, "style": "concise"}
+    plain, _ = await solve(method, refining(role, echo=False), {"calls": calls}, **params)
+    result, model = await solve(method, refining(role, echo=True), {"calls": calls + 1}, **params)
+    assert plain.iterations[1].held_over == [2] and plain.answer == "7"
+    assert (result.status, result.stopped_reason, result.answer) == ("done", "budget", plain.answer)
+    it0, it1 = result.iterations
+    echoed = next(c for c in model.calls_of(role) if c.reply.content == SOLUTION_ECHO)
+    refused = it1.candidates[2]
+    assert refused.call_id == echoed.reply.call_id and refused.usage == echoed.reply.usage
+    assert refused.answer is None and refused.meta.retry_refused is not None and refused.meta.echo == "answer"
+    assert refused.meta.carried_from == 0 and it1.held_over is None
+    assert it1.replies[role].echo == 1 and it1.calls == (calls + 1) - it0.calls
+    assert it1.selected == plain.iterations[1].selected == "7"
+    assert it1.selection is not None and plain.iterations[1].selection is not None
+    assert (it1.selection.iteration, it1.selection.candidate) == (
+        plain.iterations[1].selection.iteration,
+        plain.iterations[1].selection.candidate,
+    )
+    assert (
+        "candidate 2: the budget refused its retry; the trajectory goes on from its solution of iteration 0"
+        " (answer 7), which counts in its place" in it1.notes
+    )

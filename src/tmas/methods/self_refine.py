@@ -12,7 +12,9 @@ without an answer never silently replaces an answered solution (``answer_reminde
 trajectory holds that solution on, and it votes in the iteration in place of the reply (``meta.carried_from``).
 A budget stop that cuts an iteration short keeps the refinements that came back; a trajectory whose refinement it
 refused holds its solution of the iteration before, and votes with it there (``IterationRecord.held_over``), so the
-few refinements that came back do not outvote the trajectories the stop left standing.
+few refinements that came back do not outvote the trajectories the stop left standing. A refinement that echoed its
+instructions, whose retry the budget refused, is recorded (unusable, ``meta.retry_refused``), and its trajectory holds
+its solution on as well, voting with it in the reply's place (``meta.carried_from``).
 """
 
 from __future__ import annotations
@@ -37,7 +39,17 @@ from tmas.methods.base import (
 from tmas.methods.call_count import CallCount, Instead, asked_again, count_calls
 from tmas.methods.reasked import Reasked
 from tmas.methods.state import FallbackState, MethodState
-from tmas.methods.steps import Chosen, carry, close_iteration, finish, keeps_previous, notes_for, solve_call
+from tmas.methods.steps import (
+    Chosen,
+    carry,
+    close_iteration,
+    finish,
+    hold,
+    holds_previous,
+    keeps_previous,
+    notes_for,
+    solve_call,
+)
 from tmas.methods.style_params import StyledParams
 from tmas.methods.traits import Traits
 
@@ -114,6 +126,8 @@ class SelfRefine(Method[SelfRefineParams]):
                     remind=remind,
                     parse=parse,
                     attempt=attempt,
+                    # A reply that echoed, whose retry the budget refused, is recorded; its trajectory holds on.
+                    keep_refused=True,
                 )
                 asked.sent(i, role, messages, candidate)
                 return candidate
@@ -131,7 +145,9 @@ class SelfRefine(Method[SelfRefineParams]):
             ]
             for c in candidates:
                 previous = latest[c.index]
-                if p.answer_fallback and previous is not None and keeps_previous(c, previous, mode):
+                if previous is not None and holds_previous(c, previous):
+                    notes.append(hold(c, previous, written[c.index]))
+                elif p.answer_fallback and previous is not None and keeps_previous(c, previous, mode):
                     notes.append(carry(c, previous, written[c.index]))
                 else:
                     latest[c.index], written[c.index] = c, t

@@ -7,11 +7,12 @@ is in selection.py.
 A candidate's call that the budget refuses comes back as ``None`` from :func:`solve_call`: a baseline and TMAS record
 the candidates finished so far (each scored from the verifications that came back:
 :func:`tmas.methods.base.gather_finished`) and stop, so an equal-compute comparison keeps every token that was spent.
-A reply that echoed, whose retry the budget refused, is a candidate of its own for TMAS, CoT, majority vote and PaCoRe
-(``keep_refused``): unusable, in the record with its call and tokens. MATTRL raises the stop again: the method's own
-round ends the problem with what finished; the runner ends one whose method let the stop through. Whichever ends it,
-the stop is recorded one way (:meth:`ProblemSession.budget_stopped`): the stop reason, the ``budget_stops`` counter,
-and a ``stopped:`` note in the last iteration record.
+A reply that echoed, whose retry the budget refused, is a candidate of its own for TMAS, CoT, majority vote, PaCoRe,
+Self-Refine and Verify-Refine (``keep_refused``): unusable, in the record with its call and tokens; a refinement's
+trajectory holds its solution on, as where the call was refused (:func:`hold`). MATTRL raises the stop again: the
+method's own round ends the problem with what finished; the runner ends one whose method let the stop through.
+Whichever ends it, the stop is recorded one way (:meth:`ProblemSession.budget_stopped`): the stop reason, the
+``budget_stops`` counter, and a ``stopped:`` note in the last iteration record.
 """
 
 from __future__ import annotations
@@ -414,6 +415,25 @@ def carry(candidate: Candidate, previous: Candidate, written: int) -> str:
     return (
         f"candidate {candidate.index}: no answer; the trajectory goes on from its solution of iteration {written}"
         f" (answer {previous.answer}), which counts in its place"
+    )
+
+
+def holds_previous(candidate: Candidate, previous: Candidate | None) -> bool:
+    """Whether ``candidate``, a refinement of ``previous`` (Self-Refine, Verify-Refine), is a reply that echoed its
+    prompt's instructions whose retry the budget refused: spent and recorded, but no solution, so its trajectory
+    holds ``previous`` on (where that is a solution: a failed one is restarted from) as one whose call the budget
+    refused outright does (``IterationRecord.held_over``)."""
+    return candidate.meta.retry_refused is not None and previous is not None and previous.error is None
+
+
+def hold(candidate: Candidate, previous: Candidate, written: int) -> str:
+    """Mark ``candidate``, a refinement whose echo retry the budget refused (:func:`holds_previous`), as leaving its
+    trajectory on ``previous`` (written in iteration ``written``), which votes in its place (``meta.carried_from``,
+    as :func:`carry` marks an answerless one); its note for the iteration record."""
+    candidate.meta.carried_from = written
+    return (
+        f"candidate {candidate.index}: the budget refused its retry; the trajectory goes on from its solution of"
+        f" iteration {written} (answer {previous.answer}), which counts in its place"
     )
 
 

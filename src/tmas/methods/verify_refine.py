@@ -19,7 +19,9 @@ one is configured (``tmas.methods.reasked``). A budget stop keeps what finished:
 verifications it refused is scored from those that came back (a failed one still counts 0), one it refused them all
 is kept unverified and unscored, each noted in the iteration's record; a trajectory whose correction it refused
 holds its solution of the iteration before, with its score, and is selected from with it there
-(``IterationRecord.held_over``).
+(``IterationRecord.held_over``). A correction that echoed its instructions, whose retry the budget refused, is
+recorded (unusable, ``meta.retry_refused``), and its trajectory holds its solution on as well, selected from in the
+correction's place (``meta.carried_from``).
 """
 
 from __future__ import annotations
@@ -54,7 +56,17 @@ from tmas.methods.call_count import CallCount, Instead, asked_again, count_calls
 from tmas.methods.reasked import Reasked
 from tmas.methods.selection import SelectFrom, SelectRule, proof_rule_error
 from tmas.methods.state import FallbackState, MethodState
-from tmas.methods.steps import Chosen, carry, close_iteration, finish, keeps_previous, notes_for, solve_call
+from tmas.methods.steps import (
+    Chosen,
+    carry,
+    close_iteration,
+    finish,
+    hold,
+    holds_previous,
+    keeps_previous,
+    notes_for,
+    solve_call,
+)
 from tmas.methods.style_params import StyledParams
 from tmas.methods.traits import Traits
 from tmas.store.records import VerificationRecord
@@ -150,7 +162,10 @@ class VerifyRefine(Method[VerifyRefineParams]):
             holding = []
             for v in done:
                 i, previous = v.candidate.index, latest[v.candidate.index]
-                if (
+                if previous is not None and holds_previous(v.candidate, previous.candidate):
+                    notes.append(hold(v.candidate, previous.candidate, written[i]))
+                    holding.append(previous.candidate)
+                elif (
                     p.answer_fallback
                     and previous is not None
                     and keeps_previous(v.candidate, previous.candidate, p.mode)
@@ -208,6 +223,8 @@ class VerifyRefine(Method[VerifyRefineParams]):
             remind=remind,
             parse=parse,
             attempt=attempt,
+            # A reply that echoed, whose retry the budget refused, is recorded; its trajectory holds on.
+            keep_refused=True,
         )
         asked.sent(i, role, messages, candidate)
         if candidate is None:

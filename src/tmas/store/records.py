@@ -118,7 +118,8 @@ class CandidateMeta(_Sparse):
     reminder: ReminderRecord | None = None
     # A refinement without an answer: its trajectory went on from its previous solution, the one written in iteration
     # ``carried_from`` (same index), which is the trajectory's solution at this iteration: it, not this reply, votes
-    # (and counts in Pass@1) here. Runs stored before ``carried_from`` have ``kept_previous`` alone. A trajectory
+    # (and counts in Pass@1) here; a refinement whose echo retry the budget refused (``retry_refused``) is carried
+    # the same way. Runs stored before ``carried_from`` have ``kept_previous`` alone. A trajectory
     # whose call a budget stop refused has no candidate here: its record's ``held_over`` names it.
     kept_previous: bool | None = None
     carried_from: int | None = None
