@@ -11,11 +11,12 @@ from typing import Any
 import pytest
 
 from conftest import scripted_settings
-from scripted_runs import by_role, solve_in_process
+from scripted_runs import by_role, run_scripted, solve_in_process
 from tmas.agents.echo import ECHO_RETRY_SAMPLE
 from tmas.api import asolve
 from tmas.llm.replay import StoreReplay
 from tmas.llm.types import Completion, Message
+from tmas.memory.transcript import Transcript
 from tmas.methods import create_method
 from tmas.methods.base import BudgetExhausted, MethodParams, ProblemResult, ProblemSession
 from tmas.methods.echo_retry import RetryRefused, chat_guarded, reply_to_read
@@ -362,4 +363,73 @@ async def test_a_refinement_whose_retry_the_budget_refused_is_recorded_and_its_t
     assert (
         "candidate 2: the budget refused its retry; the trajectory goes on from its solution of iteration 0"
         " (answer 7), which counts in its place" in it1.notes
+    )
+
+
+# An opinion that copies the math specialist's instructions.
+OPINION_ECHO = (
+    "Think step by step from your speciality and write ONE integrated, concise message: a one- or two-sentence "
+    "reflection, the core reasoning, and the final answer alone inside \\boxed{}. Keep it rigorous and "
+    "self-contained; no decorative tags, no step numbering."
+)
+
+
+async def test_a_mattrl_opinion_whose_retry_the_budget_refused_is_recorded_and_its_seat_keeps_its_attempt() -> None:
+    # Team of 3, 4 calls: the team and the three opinions; S3's echoes and its retry is refused. Its reply is the
+    # seat's candidate (call, tokens, the stop), the seat keeps its attempt and does not speak, and the notes say the
+    # budget refused the retry (before: that it refused the opinion call, and no record of the reply).
+    echo = Rule(role="specialist", pattern="You are Edge-case auditor", replies=[OPINION_ECHO])
+    result, model = await solve("mattrl", [echo], {"calls": 4}, iterations=2)
+    assert by_role(model) == {"coordinator": 1, "specialist": 3}
+    assert (result.status, result.stopped_reason, result.answer) == ("done", "budget", "391")
+    [record] = result.iterations
+    echoed = next(c for c in model.calls if c.reply.content == OPINION_ECHO)
+    [s3] = [c for c in record.candidates if c.meta.member == "S3"]
+    assert s3.call_id == echoed.reply.call_id and s3.usage == echoed.reply.usage and s3.answer is None
+    assert s3.meta.retry_refused == "budget spent (4 calls of a budget of 4) in iteration 0" and s3.error
+    assert len(record.candidates) == 3 and record.calls == 4 and record.replies["specialist"].echo == 1
+    [said] = [u for u in Transcript.model_validate(record.state["transcript"]).utterances if u.agent == "S3"]
+    assert (said.text, said.answer, said.call_id) == ("", None, echoed.reply.call_id)
+    assert [m["spoke"] for m in record.state["members"] if m["id"] == "S3"] == [False]
+    assert (
+        f"S3: the opinion's {s3.meta.echo} echoed the instructions; the budget refused its retry; keeps its attempt"
+        in record.notes
+    )
+    assert not any("refused its opinion call" in note for note in record.notes)
+    assert record.notes[-1] == f"stopped: {s3.meta.retry_refused}; the team's majority answer is used"
+
+
+async def test_an_education_plan_whose_retry_the_budget_refused_is_recorded_in_the_cut_round() -> None:
+    # The pre-test, the team, round 1's three analyses and the plan (6 calls): the plan echoes its instructions and
+    # its retry is refused. The round's record keeps the plan's call (an empty meeting turn: no question was put) and
+    # says the budget refused its retry (before: that the planned question was refused, and no trace of its call).
+    question = "Which quantity stays the same in free fall?\nA) speed\nB) acceleration\nC) height"
+    problem = Problem(problem_id="q1", question=question, answer="B", metadata={"field": "Physics"})
+    plan_echo = (
+        "ROUND 1: plan one specific, targeted question for round 1 of the dialogue that ties directly to the"
+        " student's reasoning"
+    )
+    echo = Rule(role="coordinator", pattern="for round 1 of the dialogue", replies=[plan_echo])
+    result, model = await run_scripted(
+        "mattrl", [echo], problem, domain="education", iterations=2, settings={"budget": {"calls": 6}}
+    )
+    assert len(model.calls) == 6 and model.calls[-1].reply.content == plan_echo
+    assert (result.status, result.stopped_reason, result.answer) == ("done", "budget", "A")
+    record = result.iterations[1]
+    said = Transcript.model_validate(record.state["transcript"]).by_round(1)
+    assert [(u.agent, u.kind) for u in said] == [
+        ("S1", "opinion"),
+        ("S2", "opinion"),
+        ("S3", "opinion"),
+        ("coordinator", "meeting"),
+    ]
+    assert (said[-1].text, said[-1].call_id) == ("", model.calls[-1].reply.call_id)
+    assert record.calls == 4 and record.replies["coordinator"].echo == 1
+    assert (
+        "round 1: the planned question echoed the prompt's instructions; the budget refused its retry" in record.notes
+    )
+    assert record.notes[-1] == (
+        "stopped: budget spent (6 calls of a budget of 6) in iteration 1; round 1 was cut by the budget (the planned"
+        " question echoed the prompt's instructions; the budget refused its retry): its finished turns are kept, and"
+        " the pre-test's answer stands"
     )

@@ -549,6 +549,8 @@ class MATTRL(Method[MATTRLParams]):
             mode=domain.answer_mode,
             parse=self._read_opinion,
             attempt=attempt,
+            # A reply that echoed, whose retry the budget refused, is the seat's candidate; the stop goes on below.
+            keep_refused=True,
         )
         talk.asked.sent(seat.index, "specialist", messages, said)
         if said is None:
@@ -556,9 +558,14 @@ class MATTRL(Method[MATTRLParams]):
             # silent (not a failed call).
             notes.append(f"{seat.member.id}: the budget refused its opinion call; it did not speak this round")
             raise BudgetExhausted(session.budget_stop or "budget spent")
-        if said.meta.echo_retry:
+        if said.meta.echo_retry and not said.meta.retry_refused:
             notes.append(f"{seat.member.id}: the opinion's {said.meta.echo_retry} echoed the instructions; asked again")
-        if said.meta.echo:
+        if said.meta.retry_refused:
+            notes.append(
+                f"{seat.member.id}: the opinion's {said.meta.echo} echoed the instructions; the budget refused its"
+                " retry; keeps its attempt"
+            )
+        elif said.meta.echo:
             notes.append(f"{seat.member.id}: the retried opinion echoed the instructions too; keeps its attempt")
         elif said.error or not said.text.strip():
             notes.append(f"{seat.member.id}: opinion call failed ({said.error or 'empty reply'}); keeps its attempt")
@@ -585,6 +592,9 @@ class MATTRL(Method[MATTRLParams]):
                 experience_ids=[h.id for h in hints],
             ),
         )
+        if said.meta.retry_refused:
+            # Recorded, as the replies that came back are: the round then ends at the stop (see _round).
+            raise BudgetExhausted(said.meta.retry_refused)
 
     def _read_opinion(self, content: str, mode: str) -> SolutionOutput:
         """An opinion as a solution: the whole reply, and the answer the domain reads from it; in math, where it

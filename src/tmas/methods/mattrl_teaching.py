@@ -42,7 +42,7 @@ from tmas.methods.base import (
     ProblemSession,
     gather_all,
 )
-from tmas.methods.echo_retry import chat_guarded
+from tmas.methods.echo_retry import RetryRefused, chat_guarded
 from tmas.methods.state import MATTRLState
 
 FormTeam = Callable[[ProblemSession, list[str]], Awaitable[list[TeamMember]]]
@@ -201,6 +201,9 @@ def _cut(r: int, members: list[TeamMember], transcript: Transcript) -> str:
         return "the teacher's question was refused"
     if members and not any(u.kind == "meeting" for u in said):
         return "the planned question was refused"
+    if any(u.kind == "meeting" and u.call_id is not None and not u.text for u in said):
+        # A plan that came back echoing its instructions, whose retry the budget refused (:func:`_question`).
+        return "the planned question echoed the prompt's instructions; the budget refused its retry"
     if not any(u.agent == "student" for u in said):
         return "the student's reply was refused"
     if not any(u.kind == "report" for u in said):
@@ -243,12 +246,20 @@ async def _question(
     ]
     messages = plan_prompt(case, r, shown)
     guard = EchoGuard.of(messages)
-    guarded = await chat_guarded(
-        session,
-        "coordinator",
-        messages,
-        lambda reply: "plan" if guard.echoes_text(parse_plan(reply.content, r)) else None,
-    )
+    try:
+        guarded = await chat_guarded(
+            session,
+            "coordinator",
+            messages,
+            lambda reply: "plan" if guard.echoes_text(parse_plan(reply.content, r)) else None,
+        )
+    except RetryRefused as stop:
+        # The plan came back, echoing, and was spent: the round's meeting turn keeps its call, with no text (no
+        # question was put to the student), and the stop cuts the round (``_cut`` reads where from that turn).
+        notes.append(f"round {r}: the planned question echoed the prompt's instructions; the budget refused its retry")
+        call_id = stop.guarded.reply.call_id
+        transcript.utterances.append(Utterance(round=r, agent="coordinator", kind="meeting", text="", call_id=call_id))
+        raise
     plan = guarded.reply
     if guarded.first_echo is not None:
         notes.append(f"round {r}: the planned question echoed the prompt's instructions; asked again")
