@@ -267,7 +267,9 @@ async def test_a_problem_solved_again_from_its_store_replays_the_refused_retrys_
     assert [r.model_dump() for r in again.iterations] == [r.model_dump() for r in first.iterations]
 
 
-@pytest.mark.parametrize(("method", "params"), [("majority", {"k": 2}), ("pacore", {"responses_per_round": 2})])
+@pytest.mark.parametrize(
+    ("method", "params"), [("majority", {"k": 2}), ("pacore", {"responses_per_round": 2}), ("rse", {"n": 2})]
+)
 async def test_a_sample_whose_retry_the_budget_refused_is_recorded_and_casts_no_vote(
     method: str, params: dict[str, Any]
 ) -> None:

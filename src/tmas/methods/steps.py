@@ -8,11 +8,11 @@ A candidate's call that the budget refuses comes back as ``None`` from :func:`so
 the candidates finished so far (each scored from the verifications that came back:
 :func:`tmas.methods.base.gather_finished`) and stop, so an equal-compute comparison keeps every token that was spent.
 A reply that echoed, whose retry the budget refused, is a candidate of its own for TMAS, CoT, majority vote, PaCoRe,
-Self-Refine and Verify-Refine (``keep_refused``): unusable, in the record with its call and tokens; a refinement's
-trajectory holds its solution on, as where the call was refused (:func:`hold`). MATTRL raises the stop again: the
-method's own round ends the problem with what finished; the runner ends one whose method let the stop through.
-Whichever ends it, the stop is recorded one way (:meth:`ProblemSession.budget_stopped`): the stop reason, the
-``budget_stops`` counter, and a ``stopped:`` note in the last iteration record.
+RSE, Self-Refine, Verify-Refine and MATTRL's opinions (``keep_refused``): unusable, in the record with its call and
+tokens; a refinement's trajectory holds its solution on, as where the call was refused (:func:`hold`). MATTRL raises
+the stop again: the method's own round ends the problem with what finished; the runner ends one whose method let the
+stop through. Whichever ends it, the stop is recorded one way (:meth:`ProblemSession.budget_stopped`): the stop
+reason, the ``budget_stops`` counter, and a ``stopped:`` note in the last iteration record.
 """
 
 from __future__ import annotations
