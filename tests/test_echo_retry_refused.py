@@ -18,8 +18,9 @@ from tmas.llm.replay import StoreReplay
 from tmas.llm.types import Completion, Message
 from tmas.memory.transcript import Transcript
 from tmas.methods import create_method
-from tmas.methods.base import BudgetExhausted, MethodParams, ProblemResult, ProblemSession
+from tmas.methods.base import BudgetExhausted, Candidate, CandidateMeta, MethodParams, ProblemResult, ProblemSession
 from tmas.methods.echo_retry import RetryRefused, chat_guarded, reply_to_read
+from tmas.methods.reasked import Reasked
 from tmas.problems import Problem
 from tmas.runner import solve_one
 from tmas.store.run_store import RunStore
@@ -435,3 +436,17 @@ async def test_an_education_plan_whose_retry_the_budget_refused_is_recorded_in_t
         " question echoed the prompt's instructions; the budget refused its retry): its finished turns are kept, and"
         " the pre-test's answer stands"
     )
+
+
+def test_a_reply_whose_retry_the_budget_refused_counts_one_send_of_its_prompt() -> None:
+    # The retry was refused, so never sent: the prompt was sent once (before, counted as twice, as an echo asked
+    # again is).
+    messages = [Message(role="user", content=Q)]
+    asked = Reasked()
+    meta = CandidateMeta(echo_retry="answer", echo="answer", retry_refused="budget spent")
+    asked.sent(0, "solution", messages, Candidate(index=0, text="", answer=None, meta=meta))
+    assert asked.attempt(0, "solution", messages) == 1
+    asked.sent(
+        1, "solution", messages, Candidate(index=1, text="", answer=None, meta=CandidateMeta(echo_retry="answer"))
+    )
+    assert asked.attempt(1, "solution", messages) == 2

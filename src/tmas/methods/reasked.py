@@ -39,8 +39,10 @@ class Reasked:
 
     def sent(self, trajectory: int, role: str, messages: Sequence[Message], candidate: Candidate | None) -> None:
         """``trajectory`` sent ``messages`` as ``role`` through :func:`tmas.methods.steps.solve_call`, which gave
-        ``candidate``: one call, two where its first reply echoed and was asked again."""
-        self.add(trajectory, role, messages, 2 if candidate is not None and candidate.meta.echo_retry else 1)
+        ``candidate``: one call, two where its first reply echoed and was asked again (not where the budget refused
+        that retry: ``meta.retry_refused``)."""
+        again = candidate is not None and candidate.meta.echo_retry and not candidate.meta.retry_refused
+        self.add(trajectory, role, messages, 2 if again else 1)
 
     def add(self, trajectory: int, role: str, messages: Sequence[Message], calls: int) -> None:
         """``trajectory`` sent ``messages`` as ``role`` ``calls`` more times."""
