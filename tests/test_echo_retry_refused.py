@@ -13,14 +13,16 @@ import pytest
 from conftest import scripted_settings
 from scripted_runs import by_role, run_scripted, solve_in_process
 from tmas.agents.echo import ECHO_RETRY_SAMPLE
+from tmas.agents.solution import generation_prompt
 from tmas.api import asolve
 from tmas.llm.replay import StoreReplay
 from tmas.llm.types import Completion, Message
 from tmas.memory.transcript import Transcript
 from tmas.methods import create_method
-from tmas.methods.base import BudgetExhausted, Candidate, CandidateMeta, MethodParams, ProblemResult, ProblemSession
+from tmas.methods.base import BudgetExhausted, MethodParams, ProblemResult, ProblemSession
 from tmas.methods.echo_retry import RetryRefused, chat_guarded, reply_to_read
 from tmas.methods.reasked import Reasked
+from tmas.methods.steps import solve_call
 from tmas.problems import Problem
 from tmas.runner import solve_one
 from tmas.store.run_store import RunStore
@@ -438,15 +440,19 @@ async def test_an_education_plan_whose_retry_the_budget_refused_is_recorded_in_t
     )
 
 
-def test_a_reply_whose_retry_the_budget_refused_counts_one_send_of_its_prompt() -> None:
-    # The retry was refused, so never sent: the prompt was sent once (before, counted as twice, as an echo asked
-    # again is).
-    messages = [Message(role="user", content=Q)]
-    asked = Reasked()
-    meta = CandidateMeta(echo_retry="answer", echo="answer", retry_refused="budget spent")
-    asked.sent(0, "solution", messages, Candidate(index=0, text="", answer=None, meta=meta))
-    assert asked.attempt(0, "solution", messages) == 1
-    asked.sent(
-        1, "solution", messages, Candidate(index=1, text="", answer=None, meta=CandidateMeta(echo_retry="answer"))
-    )
-    assert asked.attempt(1, "solution", messages) == 2
+async def test_a_reply_whose_retry_the_budget_refused_counts_one_send_of_its_prompt() -> None:
+    # One call of budget: the reply echoes and its retry is refused, so never sent: the prompt was sent once (before,
+    # counted twice, as an echo asked again is). With two calls the retry goes: two sends.
+    rules = [Rule(role="solution", replies=[SOLUTION_ECHO], times=1)]
+    for calls, sends in ((1, 1), (2, 2)):
+        settings = scripted_settings(budget={"calls": calls})
+        model = ScriptedModel(SimScript(rules=rules), settings)
+        problem = Problem(problem_id="q", question=Q)
+        session = ProblemSession(problem, model, None, params=MethodParams(), budget=settings.budget)
+        messages = generation_prompt(Q, "numeric", "concise")
+        asked = Reasked()
+        candidate = await solve_call(
+            session, "solution", messages, index=0, mode="numeric", asked=asked, keep_refused=True
+        )
+        assert candidate is not None and len(model.calls) == calls
+        assert asked.attempt(0, "solution", messages) == sends

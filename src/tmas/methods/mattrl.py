@@ -540,7 +540,6 @@ class MATTRL(Method[MATTRLParams]):
         # opinion's answer is the one the domain reads from it.
         # A prompt the seat sent before (its opinions failed and nothing it is built from moved) goes with a new seed
         # where one is configured: the same one would draw the same unusable reply.
-        attempt = talk.asked.attempt(seat.index, "specialist", messages)
         said = await solve_call(
             session,
             "specialist",
@@ -548,11 +547,10 @@ class MATTRL(Method[MATTRLParams]):
             index=seat.index,
             mode=domain.answer_mode,
             parse=self._read_opinion,
-            attempt=attempt,
+            asked=talk.asked,
             # A reply that echoed, whose retry the budget refused, is the seat's candidate; the stop goes on below.
             keep_refused=True,
         )
-        talk.asked.sent(seat.index, "specialist", messages, said)
         if said is None:
             # The budget refused the call: the round keeps what finished (see _round), and says why this seat is
             # silent (not a failed call).

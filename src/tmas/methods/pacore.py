@@ -144,10 +144,7 @@ class PaCoRe(Method[PaCoReParams]):
     ) -> Candidate | None:
         """Response i of a round. A prompt response i sent before (the plain prompt again after a round with no
         successful response) goes with a new seed where one is configured: the same one would draw the same reply."""
-        attempt = asked.attempt(i, role, prompt)
         meta = CandidateMeta(prompt=kind)
-        candidate = await solve_call(
-            session, role, prompt, index=i, mode=self.params.mode, meta=meta, attempt=attempt, keep_refused=True
+        return await solve_call(
+            session, role, prompt, index=i, mode=self.params.mode, meta=meta, asked=asked, keep_refused=True
         )
-        asked.sent(i, role, prompt, candidate)
-        return candidate

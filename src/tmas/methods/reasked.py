@@ -13,7 +13,9 @@ unusable reply again. The count is the ``attempt`` of :meth:`tmas.methods.base.P
 (the seed, configured or derived, goes plus the sample's index, as every sample's does), then a seed derived from
 that and the count (:func:`tmas.llm.sampling.retried`); a derived seed already differs by iteration, and the count
 keeps a prompt asked again within one iteration (an echo's retry) off the seed it was sent with. A resumed run
-replays the same replies, so it counts the same and sends the same seeds.
+replays the same replies, so it counts the same and sends the same seeds. A solution call
+(:func:`tmas.methods.steps.solve_call`) given the method's :class:`Reasked` reads its attempt there and counts its sends
+in it; another call does both itself (:meth:`Reasked.attempt`, :meth:`Reasked.add`).
 """
 
 from __future__ import annotations
@@ -24,7 +26,6 @@ from collections import Counter
 from collections.abc import Sequence
 
 from tmas.llm.types import Message
-from tmas.methods.base import Candidate
 
 
 class Reasked:
@@ -36,13 +37,6 @@ class Reasked:
     def attempt(self, trajectory: int, role: str, messages: Sequence[Message]) -> int:
         """How many times ``trajectory`` sent ``messages`` as ``role`` before: the next call's ``attempt``."""
         return self._sent[_key(trajectory, role, messages)]
-
-    def sent(self, trajectory: int, role: str, messages: Sequence[Message], candidate: Candidate | None) -> None:
-        """``trajectory`` sent ``messages`` as ``role`` through :func:`tmas.methods.steps.solve_call`, which gave
-        ``candidate``: one call, two where its first reply echoed and was asked again (not where the budget refused
-        that retry: ``meta.retry_refused``)."""
-        again = candidate is not None and candidate.meta.echo_retry and not candidate.meta.retry_refused
-        self.add(trajectory, role, messages, 2 if again else 1)
 
     def add(self, trajectory: int, role: str, messages: Sequence[Message], calls: int) -> None:
         """``trajectory`` sent ``messages`` as ``role`` ``calls`` more times."""

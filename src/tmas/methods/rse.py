@@ -192,14 +192,11 @@ class RSE(Method[RSEParams]):
         self, session: ProblemSession, prompt: list[Message], i: int, kind: str, asked: Reasked
     ) -> Candidate | None:
         """Sample i of an iteration, under a new seed where one is configured and sample i sent ``prompt`` before."""
-        attempt = asked.attempt(i, "solution", prompt)
         meta = CandidateMeta(prompt=kind)
         # A sample that echoed, whose retry the budget refused, is recorded unusable; it casts no vote.
-        candidate = await solve_call(
-            session, "solution", prompt, index=i, mode=self.params.mode, meta=meta, attempt=attempt, keep_refused=True
+        return await solve_call(
+            session, "solution", prompt, index=i, mode=self.params.mode, meta=meta, asked=asked, keep_refused=True
         )
-        asked.sent(i, "solution", prompt, candidate)
-        return candidate
 
     async def _distill(
         self,

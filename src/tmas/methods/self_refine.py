@@ -115,8 +115,7 @@ class SelfRefine(Method[SelfRefineParams]):
                     meta, remind, parse = CandidateMeta(prompt="refine"), p.answer_reminder, parse_refinement
                 # A prompt this trajectory sent before (started afresh, or a held solution refined again) goes with
                 # a new seed where one is configured: the same one would draw the same unusable reply.
-                attempt = asked.attempt(i, role, messages)
-                candidate = await solve_call(
+                return await solve_call(
                     session,
                     role,
                     messages,
@@ -125,12 +124,10 @@ class SelfRefine(Method[SelfRefineParams]):
                     meta=meta,
                     remind=remind,
                     parse=parse,
-                    attempt=attempt,
+                    asked=asked,
                     # A reply that echoed, whose retry the budget refused, is recorded; its trajectory holds on.
                     keep_refused=True,
                 )
-                asked.sent(i, role, messages, candidate)
-                return candidate
 
             stepped = await gather_all(step(i) for i in range(p.n))
             candidates = [c for c in stepped if c is not None]

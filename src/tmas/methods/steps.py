@@ -36,7 +36,8 @@ from tmas.methods.base import (
     ProblemSession,
 )
 from tmas.methods.confidence import Confidence, reply_confidence
-from tmas.methods.echo_retry import RetryRefused, chat_guarded
+from tmas.methods.echo_retry import GuardedReply, RetryRefused, chat_guarded
+from tmas.methods.reasked import Reasked
 from tmas.methods.selection import ConfidenceRule, ConfidenceVote, FallbackFrom, SelectFrom, SelectRule, select_answered
 from tmas.methods.state import FallbackState
 
@@ -61,7 +62,7 @@ async def solve_call(
     confidence_window: int | None = None,
     watch: TraceWatch | None = None,
     chain: int | None = None,
-    attempt: int = 0,
+    asked: Reasked | None = None,
     draw: int | None = None,
     keep_refused: bool = False,
 ) -> Candidate | None:
@@ -77,9 +78,10 @@ async def solve_call(
     without a ``## Solution`` heading is taken whole. ``confidence_window``: the reply's log-probabilities (asked for
     in ``sampling``) are reduced to the candidate's ``confidence`` with groups of that many tokens. ``watch`` follows
     the streamed reply and may stop it (:mod:`tmas.llm.watch`): a stopped reply gives no answer and no vote.
-    ``attempt``: how many times the caller sent ``messages`` before (:class:`tmas.methods.reasked.Reasked`), so a
-    configured seed is changed for a prompt asked again (:meth:`ProblemSession.chat`); ``draw``: which of its prompt's
-    samples in the step the call is, where that is not its sample (the configured seed goes plus it).
+    ``asked``: how many times each trajectory (here candidate ``index``) sent each prompt (:class:`Reasked`): the call
+    is counted in it, and a prompt the trajectory sent before goes with a changed configured seed
+    (:meth:`ProblemSession.chat`'s ``attempt``); None: ``messages`` is sent for the first time. ``draw``: which of its
+    prompt's samples in the step the call is, where that is not its sample (the configured seed goes plus it).
 
     A reply that echoes the prompt's instructions is asked again once (:mod:`tmas.agents.echo`); when the retry
     echoes too, the candidate has an error, so no answer, vote or later prompt uses it. Where the budget refused that
@@ -96,6 +98,7 @@ async def solve_call(
         parsed = parse(r.content, mode)
         return guard.solution_echo(parsed.text, parsed.answer)
 
+    guarded: GuardedReply | None
     try:
         guarded = await chat_guarded(
             session,
@@ -106,14 +109,17 @@ async def solve_call(
             sampling=sampling,
             watch=watch,
             chain=chain,
-            attempt=attempt,
+            attempt=asked.attempt(index, role, messages) if asked is not None else 0,
             draw=draw,
         )
     except RetryRefused as refused:
-        if not keep_refused:
-            return None
         guarded = refused.guarded
     except BudgetExhausted:
+        guarded = None
+    if asked is not None:
+        # One send, two where the first reply echoed and was asked again (a retry the budget refused was not sent).
+        asked.add(index, role, messages, 2 if guarded is not None and guarded.echoed is not None else 1)
+    if guarded is None or (guarded.refused is not None and not keep_refused):
         return None
     reply = guarded.reply
     info = meta.model_copy(deep=True) if meta is not None else CandidateMeta()

@@ -592,7 +592,6 @@ class TMAS(Method[TMASParams]):
         # echo guard, extraction, confidence; the answer reminder only after an exploit or explore prompt). A prompt
         # candidate i sent before (the plain prompt again after an iteration that left no rollout, the same bank
         # again) goes with a new seed where one is configured: the same one would draw the same reply again.
-        attempt = asked.attempt(i, "solution", plan.messages[i])
         candidate = await solve_call(
             session,
             "solution",
@@ -605,10 +604,9 @@ class TMAS(Method[TMASParams]):
             remind=p.answer_reminder and plan.prompt_names[i] != "generate",
             confidence_window=p.confidence_window if p.asks_confidence(p.select) else None,
             chain=i,
-            attempt=attempt,
+            asked=asked,
             keep_refused=True,
         )
-        asked.sent(i, "solution", plan.messages[i], candidate)
         if candidate is None:
             # The budget refused the call: no candidate i this iteration, which ends with what finished (solve).
             return None

@@ -212,7 +212,6 @@ class VerifyRefine(Method[VerifyRefineParams]):
         remind = p.answer_reminder and kind == "correct"
         # A prompt this trajectory sent before (started afresh, or a held solution corrected again from the same
         # report) goes with a new seed where one is configured: the same one would draw the same unusable reply.
-        attempt = asked.attempt(i, role, messages)
         candidate = await solve_call(
             session,
             role,
@@ -222,11 +221,10 @@ class VerifyRefine(Method[VerifyRefineParams]):
             meta=CandidateMeta(prompt=kind),
             remind=remind,
             parse=parse,
-            attempt=attempt,
+            asked=asked,
             # A reply that echoed, whose retry the budget refused, is recorded; its trajectory holds on.
             keep_refused=True,
         )
-        asked.sent(i, role, messages, candidate)
         if candidate is None:
             return None
         if candidate.error is not None:
