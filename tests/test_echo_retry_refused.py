@@ -451,8 +451,6 @@ async def test_a_reply_whose_retry_the_budget_refused_counts_one_send_of_its_pro
         session = ProblemSession(problem, model, None, params=MethodParams(), budget=settings.budget)
         messages = generation_prompt(Q, "numeric", "concise")
         asked = Reasked()
-        candidate = await solve_call(
-            session, "solution", messages, index=0, mode="numeric", asked=asked, keep_refused=True
-        )
+        candidate = await solve_call(session, "solution", messages, index=0, mode="numeric", asked=asked)
         assert candidate is not None and len(model.calls) == calls
         assert asked.attempt(0, "solution", messages) == sends

@@ -40,7 +40,7 @@ class CoT(Method[CoTParams]):
         p = self.params
         messages = generation_prompt(session.problem.question, p.mode, p.style_of("solution"))
         session.begin_iteration(0)
-        candidate = await solve_call(session, "solution", messages, index=0, mode=p.mode, keep_refused=True)
+        candidate = await solve_call(session, "solution", messages, index=0, mode=p.mode)
         if candidate is None:  # a budget too small for even one call
             return finish(session, self.name, None, stopped=True)
         chosen = candidate if candidate.error is None else None

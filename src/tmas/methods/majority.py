@@ -259,7 +259,6 @@ class MajorityVote(Method[MajorityParams]):
             watch=watch,
             meta=CandidateMeta(online_stop=kind),
             # A sample that echoed, whose retry the budget refused, is recorded unusable; it casts no vote.
-            keep_refused=True,
         )
 
     def _stop_record(self, session: ProblemSession, drawn: int, decision: VoteStop, *, decided: bool) -> VoteStopRecord:

@@ -549,7 +549,6 @@ class MATTRL(Method[MATTRLParams]):
             parse=self._read_opinion,
             asked=talk.asked,
             # A reply that echoed, whose retry the budget refused, is the seat's candidate; the stop goes on below.
-            keep_refused=True,
         )
         if said is None:
             # The budget refused the call: the round keeps what finished (see _round), and says why this seat is

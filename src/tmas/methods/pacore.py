@@ -145,6 +145,4 @@ class PaCoRe(Method[PaCoReParams]):
         """Response i of a round. A prompt response i sent before (the plain prompt again after a round with no
         successful response) goes with a new seed where one is configured: the same one would draw the same reply."""
         meta = CandidateMeta(prompt=kind)
-        return await solve_call(
-            session, role, prompt, index=i, mode=self.params.mode, meta=meta, asked=asked, keep_refused=True
-        )
+        return await solve_call(session, role, prompt, index=i, mode=self.params.mode, meta=meta, asked=asked)

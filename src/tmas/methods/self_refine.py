@@ -126,7 +126,6 @@ class SelfRefine(Method[SelfRefineParams]):
                     parse=parse,
                     asked=asked,
                     # A reply that echoed, whose retry the budget refused, is recorded; its trajectory holds on.
-                    keep_refused=True,
                 )
 
             stepped = await gather_all(step(i) for i in range(p.n))

@@ -8,7 +8,7 @@ A candidate's call that the budget refuses comes back as ``None`` from :func:`so
 the candidates finished so far (each scored from the verifications that came back:
 :func:`tmas.methods.base.gather_finished`) and stop, so an equal-compute comparison keeps every token that was spent.
 A reply that echoed, whose retry the budget refused, is a candidate of its own for TMAS, CoT, majority vote, PaCoRe,
-RSE, Self-Refine, Verify-Refine and MATTRL's opinions (``keep_refused``): unusable, in the record with its call and
+RSE, Self-Refine, Verify-Refine and MATTRL's opinions: unusable, in the record with its call and
 tokens; a refinement's trajectory holds its solution on, as where the call was refused (:func:`hold`). MATTRL raises
 the stop again: the method's own round ends the problem with what finished; the runner ends one whose method let the
 stop through. Whichever ends it, the stop is recorded one way (:meth:`ProblemSession.budget_stopped`): the stop
@@ -64,7 +64,6 @@ async def solve_call(
     chain: int | None = None,
     asked: Reasked | None = None,
     draw: int | None = None,
-    keep_refused: bool = False,
 ) -> Candidate | None:
     """One solution-writing call of ``role`` as candidate ``index`` (sample ``sample``, else ``index``); None when the
     budget refused the call. Its calls (echo retry and reminder included) belong to ``chain``
@@ -85,9 +84,9 @@ async def solve_call(
 
     A reply that echoes the prompt's instructions is asked again once (:mod:`tmas.agents.echo`); when the retry
     echoes too, the candidate has an error, so no answer, vote or later prompt uses it. Where the budget refused that
-    retry, the first reply was answered and spent: with ``keep_refused`` it is the candidate, unusable as one that
-    echoed twice, its error and ``meta.retry_refused`` saying the budget refused the retry (the caller ends with the
-    stop, :attr:`ProblemSession.budget_stop`); without, None, as for a refused call. With ``remind``, a reply
+    retry, the first reply was answered and spent: it is the candidate, unusable as one that echoed twice, its error
+    and ``meta.retry_refused`` saying the budget refused the retry (the caller ends with the stop,
+    :attr:`ProblemSession.budget_stop`). With ``remind``, a reply
     without an answer (not cut at max_tokens) is sent back once with a reminder of the required output
     (:func:`_remind`).
     """
@@ -119,7 +118,7 @@ async def solve_call(
     if asked is not None:
         # One send, two where the first reply echoed and was asked again (a retry the budget refused was not sent).
         asked.add(index, role, messages, 2 if guarded is not None and guarded.echoed is not None else 1)
-    if guarded is None or (guarded.refused is not None and not keep_refused):
+    if guarded is None:
         return None
     reply = guarded.reply
     info = meta.model_copy(deep=True) if meta is not None else CandidateMeta()

@@ -605,7 +605,6 @@ class TMAS(Method[TMASParams]):
             confidence_window=p.confidence_window if p.asks_confidence(p.select) else None,
             chain=i,
             asked=asked,
-            keep_refused=True,
         )
         if candidate is None:
             # The budget refused the call: no candidate i this iteration, which ends with what finished (solve).

@@ -223,7 +223,6 @@ class VerifyRefine(Method[VerifyRefineParams]):
             parse=parse,
             asked=asked,
             # A reply that echoed, whose retry the budget refused, is recorded; its trajectory holds on.
-            keep_refused=True,
         )
         if candidate is None:
             return None
