@@ -249,8 +249,8 @@ async def test_a_problem_solved_again_from_its_store_replays_the_refused_retrys_
     tmp_path: Path, method: str, params: dict[str, Any], rules: list[Rule], calls: int
 ) -> None:
     # Solved again from the run store (a resume), the problem asks nothing: every call it made, the first reply whose
-    # retry the budget refused included, is replayed, and it stops where it stopped, with the same records. (Calls
-    # in flight together replay in another order than they were answered in: one call at a time here.)
+    # retry the budget refused included, is replayed, and it stops where it stopped, with the same records (calls
+    # made side by side: tests/test_replay_budget.py).
     settings = scripted_settings(method={"name": method, "params": params}, budget={"calls": calls})
     problem = Problem(problem_id="q", question=Q, answer="391")
     solver = create_method(method, params)

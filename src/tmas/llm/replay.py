@@ -76,17 +76,7 @@ class StoreReplay(WrappedModel):
         key = key or CallKey(role=role)
         if not isinstance(sampling, ResolvedSampling):
             sampling = self.inner.resolve_sampling(role, call=sampling)
-        # Built as the wrapped model builds it (the response_format aside: it is no part of the hash).
-        request = ChatRequest.build(self.inner.model_name(role), messages, sampling)
-        request_hash = request.request_hash(key)
-        stored = self.store.lookup_call(request_hash, key.sample, key.iteration, stopped_early=watch is not None)
-        for seed in sampling.earlier_seeds:
-            if stored is not None:
-                break
-            # Stored by a version that sent this call with another seed: its reply is this call's all the same.
-            earlier = sampling.sampling.model_copy(update={"seed": seed})
-            earlier_hash = request.model_copy(update={"sampling": earlier}).request_hash(key)
-            stored = self.store.lookup_call(earlier_hash, key.sample, key.iteration, stopped_early=watch is not None)
+        request, request_hash, stored = self._lookup(role, messages, key, sampling, watched=watch is not None)
         if stored is not None:
             self.replayed += 1
             if self.on_replay is not None:
@@ -105,6 +95,29 @@ class StoreReplay(WrappedModel):
             raise
         return self._record(completion, request, request_hash)
 
+    def stored_reply(
+        self, role: str, messages: Sequence[Message], key: CallKey, sampling: ResolvedSampling, *, watched: bool
+    ) -> Completion | None:
+        """The stored reply :meth:`chat` would answer this call from (``watched``: the call has a watch), or None
+        where it would send it; nothing is sent or counted."""
+        return self._lookup(role, messages, key, sampling, watched=watched)[2]
+
+    def _lookup(
+        self, role: str, messages: Sequence[Message], key: CallKey, sampling: ResolvedSampling, *, watched: bool
+    ) -> tuple[ChatRequest, str, Completion | None]:
+        # Built as the wrapped model builds it (the response_format aside: it is no part of the hash).
+        request = ChatRequest.build(self.inner.model_name(role), messages, sampling)
+        request_hash = request.request_hash(key)
+        stored = self.store.lookup_call(request_hash, key.sample, key.iteration, stopped_early=watched)
+        for seed in sampling.earlier_seeds:
+            if stored is not None:
+                break
+            # Stored by a version that sent this call with another seed: its reply is this call's all the same.
+            earlier = sampling.sampling.model_copy(update={"seed": seed})
+            earlier_hash = request.model_copy(update={"sampling": earlier}).request_hash(key)
+            stored = self.store.lookup_call(earlier_hash, key.sample, key.iteration, stopped_early=watched)
+        return request, request_hash, stored
+
     def _record(self, completion: Completion, request: ChatRequest, request_hash: str) -> Completion:
         if self.on_sent is not None:
             self.on_sent(completion)
@@ -115,6 +128,15 @@ class StoreReplay(WrappedModel):
 
     # end_chain: replayed or sent, the chain's calls are over, and the wrapped model lets go of what it kept for them
     # (WrappedModel passes it on); embeddings, sampling resolution, windows and names are the wrapped model's too.
+
+
+def store_replay(model: ChatModel) -> StoreReplay | None:
+    """The :class:`StoreReplay` ``model`` is or wraps (through :class:`WrappedModel`\\ s), if any."""
+    while not isinstance(model, StoreReplay):
+        if not isinstance(model, WrappedModel):
+            return None
+        model = model.inner
+    return model
 
 
 class ReplayTurns:

@@ -28,6 +28,7 @@ from pydantic import (
 from tmas.answer_classes import EquivalenceCheck, answer_classes
 from tmas.config import Budget, Sampling
 from tmas.llm.model import ChatModel, spent_before
+from tmas.llm.replay import StoreReplay, store_replay
 from tmas.llm.replica import MESSAGE_TEMPLATE_TOKENS
 from tmas.llm.sampling import (
     DERIVED_SEED,
@@ -269,6 +270,25 @@ class ProblemSession:
         self.spent_failed = 0
         if store is not None:
             self._spent_before(store)
+        # Under a budget, on a problem solved again from ``store`` (see :meth:`_take_stored`): its stored calls that
+        # the pass replays before any new call could change what it asks (RunStore.sure_replay_calls) and that it
+        # has not replayed yet, by id, each with its iteration and its tokens as the budget counts them; how many of
+        # them each iteration has left, and their tokens; the iterations the pass replayed a call of, and those it
+        # sent a call of.
+        self._replay: StoreReplay | None = None
+        self._unreplayed: dict[int, tuple[int, int]] = {}
+        self._left: dict[int, tuple[int, int]] = {}
+        self._replayed_in: set[int] = set()
+        self._sent_in: set[int] = set()
+        if store is not None and (self.budget.calls is not None or self.budget.tokens is not None):
+            replay = store_replay(llm)
+            if replay is not None and replay.store is store:
+                self._replay = replay
+                for call_id, (iteration, usage) in store.sure_replay_calls(problem.problem_id).items():
+                    tokens = self.budget.spent(usage)
+                    self._unreplayed[call_id] = (iteration, tokens)
+                    calls, left = self._left.get(iteration, (0, 0))
+                    self._left[iteration] = (calls + 1, left + tokens)
         # Calls sent and not yet answered: a call budget counts them (so it is never exceeded). A token budget
         # counts each at what it may cost at most (``reserved_tokens``: its max_tokens, plus its prompt where the
         # budget counts prompts) and holds a call back while they could reach the limit (:meth:`_admit`).
@@ -373,7 +393,15 @@ class ProblemSession:
             # A run stored before sample j went with the configured seed + j replays its calls under the seeds sent.
             earlier = earlier_configured_seeds(seed or 0, index, attempt)
         resolved = resolved.model_copy(update={"earlier_seeds": earlier})
-        reserve = await self._admit(resolved, messages)
+        # A call the live run made is not held back, and holds its stored tokens while it replays.
+        stored = self._take_stored(role, messages, key, resolved, watch)
+        if stored is None:
+            reserve = await self._admit(resolved, messages)
+            if self._unreplayed:
+                self._sent_in.add(self.iteration)
+        else:
+            self.check_budget(replaying=True)
+            reserve = stored
         self.calls_in_flight += 1
         self._hold(reserve, +1)
         try:
@@ -402,6 +430,49 @@ class ProblemSession:
             self._iteration_failed += 1
             self.spent_failed += 1
         return completion
+
+    def _take_stored(
+        self,
+        role: str,
+        messages: Sequence[Message],
+        key: CallKey,
+        resolved: ResolvedSampling,
+        watch: TraceWatch | None,
+    ) -> int | None:
+        """Where the store will answer this call from one of the problem's calls still to replay (``_unreplayed``)
+        and the pass follows the live run through the current iteration: that call taken off them, and its tokens
+        as the budget counts them; None otherwise (the call is admitted as any other).
+
+        Replayed calls come back at once, so calls made side by side (a method's candidates, TMAS's two memory
+        updates) replay one after another in the order they were started, not in the order the live run's replies
+        came back in, and what a budget counted when it let a call go or refused it would differ. So while the pass
+        follows the live run through an iteration (it replayed calls of it and sent none), that iteration's calls
+        still to replay count as spent for a call the store does not answer (:meth:`_still_to_replay`): a call the
+        live run's budget refused, with as much spent then as the iteration's stored calls hold, is refused again,
+        whatever the order of the replays. A call the live run made is checked against what the pass replayed
+        before it alone, and never held back: under the budget the live run had, that is less than the limit
+        (always under a call budget; under a token budget, unless calls its live run sent after it, of a larger
+        max_tokens, replay before it), and under a lower one the budget stops the replay. Once the pass sends a
+        call of the iteration (one the live run never answered, or asked otherwise), the budget counts what the pass
+        spent, as on any pass: a stored call it no longer asks is not counted."""
+        if not self._unreplayed or self._replay is None or self.iteration in self._sent_in:
+            return None
+        found = self._replay.stored_reply(role, messages, key, resolved, watched=watch is not None)
+        taken = None if found is None or found.call_id is None else self._unreplayed.pop(found.call_id, None)
+        if taken is None:
+            return None
+        iteration, tokens = taken
+        calls, left = self._left[iteration]
+        self._left[iteration] = (calls - 1, left - tokens)
+        self._replayed_in.add(iteration)
+        return tokens
+
+    def _still_to_replay(self) -> tuple[int, int]:
+        """The calls of the current iteration still to replay, and their tokens, while the pass follows the live run
+        through it (it replayed calls of it and sent none); none otherwise (:meth:`_take_stored`)."""
+        if self.iteration not in self._replayed_in or self.iteration in self._sent_in:
+            return 0, 0
+        return self._left.get(self.iteration, (0, 0))
 
     def _spend(self, messages: Sequence[Message], usage: Usage) -> None:
         """A call of the problem ended, having cost ``usage``: counted against the budget and in the records."""
@@ -483,24 +554,29 @@ class ProblemSession:
             # Prompts counted and none priced yet: the first call goes alone, so the next ones are reserved at what
             # a prompt of this problem was seen to cost.
             unpriced = self.budget.count == "total" and self._prompt_scale is None and self.calls_in_flight > 0
-            if not self._unbounded_in_flight and not unpriced and self.spent_tokens + self.reserved_tokens < limit:
+            spent = self.spent_tokens + self._still_to_replay()[1]
+            if not self._unbounded_in_flight and not unpriced and spent + self.reserved_tokens < limit:
                 return most
             await self._call_ended.wait()
 
-    def check_budget(self) -> None:
-        """Raise :class:`BudgetExhausted` when the problem has spent its token or call budget."""
+    def check_budget(self, *, replaying: bool = False) -> None:
+        """Raise :class:`BudgetExhausted` when the problem has spent its token or call budget (``replaying``: for a
+        call the live run made, see :meth:`_take_stored`)."""
         b = self.budget
         over: list[str] = []
-        calls = self.spent_calls - self._asked_again + self.calls_in_flight
+        # A problem solved again from its store counts its calls still to replay as spent (:meth:`_take_stored`).
+        left_calls, left_tokens = (0, 0) if replaying else self._still_to_replay()
+        calls = self.spent_calls - self._asked_again + self.calls_in_flight + left_calls
+        tokens = self.spent_tokens + left_tokens
         if b.calls is not None and calls >= b.calls:
             over.append(f"{calls} calls of a budget of {b.calls}")
         # A call the call budget refuses draws nothing: no draw lets it go, and the pool's tokens stay for the open
         # problems that can spend them.
-        if not over and b.tokens is not None and self.spent_tokens >= b.tokens + self.drawn and self.bank is not None:
+        if not over and b.tokens is not None and tokens >= b.tokens + self.drawn and self.bank is not None:
             self.drawn += self.bank.draw(b.tokens)
-        if b.tokens is not None and self.spent_tokens >= b.tokens + self.drawn:
+        if b.tokens is not None and tokens >= b.tokens + self.drawn:
             pooled = f" and {self.drawn} drawn from the run's pool" if self.bank is not None else ""
-            over.append(f"{self.spent_tokens} {b.count} tokens of a budget of {b.tokens}{pooled}")
+            over.append(f"{tokens} {b.count} tokens of a budget of {b.tokens}{pooled}")
         if over:
             self.budget_stop = f"budget spent ({'; '.join(over)}) in iteration {self.iteration}"
             raise BudgetExhausted(self.budget_stop)

@@ -193,6 +193,34 @@ class CallStats:
         ).fetchall()
         return {str(problem): (int(n), int(prompt), int(completion)) for problem, n, prompt, completion in rows}
 
+    def sure_replay_calls(self, problem_id: str) -> dict[int, tuple[int, Usage]]:
+        """The problem's method calls (those of an iteration) that :meth:`sure_replays` counts, by id, each with its
+        iteration and usage: the calls a resume replays before any new call of the problem could change what it asks.
+        A request stored twice counts once, as the first, which a replay answers from."""
+        rows = self._db.execute(
+            "WITH standing AS (SELECT MIN(id) AS first FROM calls f WHERE problem_id = ? AND error IS NOT NULL"
+            " AND NOT EXISTS (SELECT 1 FROM calls r WHERE r.request_hash = f.request_hash AND r.sample = f.sample"
+            " AND r.error IS NULL))"
+            " SELECT c.id, c.iteration, c.prompt_tokens, c.completion_tokens, c.reasoning_tokens,"
+            " c.cached_prompt_tokens FROM calls c, standing s WHERE c.problem_id = ? AND c.iteration IS NOT NULL"
+            " AND c.error IS NULL AND (s.first IS NULL OR c.id < s.first) AND c.id = (SELECT MIN(d.id) FROM calls d"
+            " WHERE d.request_hash = c.request_hash AND d.sample = c.sample AND d.iteration IS c.iteration"
+            " AND d.error IS NULL)",
+            (problem_id, problem_id),
+        ).fetchall()
+        return {
+            int(call_id): (
+                int(iteration),
+                Usage(
+                    prompt_tokens=prompt or 0,
+                    completion_tokens=completion or 0,
+                    reasoning_tokens=reasoning or 0,
+                    cached_prompt_tokens=cached or 0,
+                ),
+            )
+            for call_id, iteration, prompt, completion, reasoning, cached in rows
+        }
+
     def replies(self, role: str | None = None, *, other_roles: bool = False) -> dict[str, tuple[int, int]]:
         """Successful calls per role over the whole run, and how many of them were cut at max_tokens: of the roles
         :meth:`causes` names by ``role`` and ``other_roles``."""

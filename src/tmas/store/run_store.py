@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from tmas.errors import InputError
-from tmas.llm.types import ChatRequest, Completion, DowngradeKind, ServerFindings
+from tmas.llm.types import ChatRequest, Completion, DowngradeKind, ServerFindings, Usage
 from tmas.problems import Problem
 from tmas.store.call_log import CallLog
 from tmas.store.call_stats import CallStats, Spent
@@ -218,6 +218,9 @@ class RunStore:
 
     def sure_replay_usage(self) -> dict[str, tuple[int, int, int]]:
         return self._call_stats.sure_replay_usage()
+
+    def sure_replay_calls(self, problem_id: str) -> dict[int, tuple[int, Usage]]:
+        return self._call_stats.sure_replay_calls(problem_id)
 
     def replies_by_role(self, role: str | None = None, *, other_roles: bool = False) -> dict[str, tuple[int, int]]:
         return self._call_stats.replies(role, other_roles=other_roles)
