@@ -519,6 +519,8 @@ async def test_a_resume_under_a_call_budget_asks_its_failed_calls_again_in_their
         sampling={"max_tokens": 100},
         budget={"calls": 8},
         retry={"max_attempts": 1},
+        # One call at a time: the three cut are the first three stored, whichever order replies would come back in.
+        concurrency=1,
     )
     cut = Rule(fault="cut", fault_after_tokens=20, times=3)
     sim.set_script(SimScript(rules=[cut, Rule(usage=ScriptedUsage(prompt_tokens=5, completion_tokens=10))]))
@@ -526,6 +528,7 @@ async def test_a_resume_under_a_call_budget_asks_its_failed_calls_again_in_their
     with store:
         await run_problems(settings, todo, store)
         assert store.failed_spend("q0").calls == 3 and store.sure_replays() == {}
+    assert sim.stats().max_in_flight == 1
     sim.reset()
     sim.set_script(SimScript(rules=[Rule(usage=ScriptedUsage(prompt_tokens=5, completion_tokens=10))]))
     with pytest.raises(InputError, match=r"the estimate is 8 calls \(threshold 7\)"):
