@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from tmas.answer_classes import value_key
-from tmas.answers import normalize_answer
+from tmas.answers import list_reading, normalize_answer
 from tmas.view.live_grades import exact_verdict
 
 
@@ -111,6 +111,80 @@ def test_a_number_in_digit_groups_is_not_the_list_of_its_groups() -> None:
     assert exact_verdict("60, 100", "60,100") is None
     assert rules("60, 100", "60, 100") is True
     assert rules("60,100", "60,100") is True
+
+
+# A reference in plain comma groups whose later groups begin with no 0 ("60,100", "9,737,333", as benchmark authors
+# write a list without spaces) reads both as a number and as a list: an answer matching either reading is right, in
+# the rules and live, and any other is left to the judge, never wrong. "1,000" and "12{,}345" read only as numbers.
+@pytest.mark.parametrize(
+    ("gold", "pred", "verdict"),
+    [
+        ("60,100", "60100", True),
+        ("60,100", "60,100", True),
+        ("60,100", "60 100", True),
+        ("60,100", "60, 100", True),
+        ("60,100", "$60, 100$.", True),
+        ("2,251,252", "(2,251,252)", True),
+        ("2,251,252", "2, 251, 252", True),
+        ("9,737,333", "9737333", True),
+        ("-12,345.5", "-12345.5", True),
+        ("60,100", "60101", None),
+        ("60,100", "60, 101", None),
+        ("60,100", "100, 60", None),
+        ("60,100", "60", None),
+        ("9,737,333", "9737334", None),
+        ("2,251,252", "(2,251,253)", None),
+        ("1,000", "999", False),
+        ("12{,}345", "12346", False),
+        ("1,025", "1, 25", False),
+    ],
+)
+def test_a_reference_read_both_as_a_number_and_as_a_list(gold: str, pred: str, verdict: bool | None) -> None:
+    assert rules(gold, pred) is verdict
+
+
+@pytest.mark.parametrize(
+    ("reference", "listed"),
+    [
+        ("60,100", "60, 100"),
+        ("$2,251,252$.", "2, 251, 252"),
+        ("-12,345.5", "-12, 345.5"),
+        ("1,000", None),
+        ("1,025", None),
+        ("12{,}345", None),
+        ("3, 125", None),
+        ("1, 000", None),
+        ("60100", None),
+        ("011,100", None),
+    ],
+)
+def test_the_list_a_reference_in_digit_groups_also_reads_as(reference: str, listed: str | None) -> None:
+    assert list_reading(reference) == listed
+
+
+@pytest.mark.parametrize(
+    ("gold", "pred", "verdict"),
+    [
+        ("60,100", "60100", True),
+        ("60,100", "\\boxed{60,100}", True),
+        ("60,100", "60, 100", True),
+        ("9,737,333", "9737333", True),
+        ("60,100", "60101", None),
+        ("9,737,333", "9737334", None),
+        ("60,100", "(60, 100)", None),
+        ("1,000", "999", False),
+    ],
+)
+def test_the_live_check_reads_such_a_reference_as_the_rules_do(gold: str, pred: str, verdict: bool | None) -> None:
+    assert exact_verdict(gold, pred) is verdict
+
+
+@pytest.mark.parametrize("gold", ["60100", "60,100", "60, 100", "(60, 100)", "60", "60101", "60, 101"])
+def test_votes_key_an_answer_in_digit_groups_with_its_number_which_the_rules_grade_alike(gold: str) -> None:
+    # An answer in digit groups is read as its number, against any reference: "60,100" and "60100" are one answer
+    # in a vote. The list "60, 100" keys apart: against the reference 60100 it is wrong where they are right.
+    assert value_key("60,100") == value_key("60100") != value_key("60, 100")
+    assert rules(gold, "60,100") is rules(gold, "60100")
 
 
 def test_the_root_shorthand_is_the_root_of_its_first_digit() -> None:

@@ -28,7 +28,7 @@ from types import TracebackType
 from typing import Any
 
 from tmas.answer_classes import has_leading_zeros, plain_number
-from tmas.answers import normalize_answer, ungrouped, without_punctuation_after_math
+from tmas.answers import list_reading, normalize_answer, ungrouped, without_punctuation_after_math
 from tmas.errors import TmasError
 
 
@@ -285,6 +285,9 @@ def check_pair(gold: str, pred: str, timeout_s: int | None = 5, any_order: bool 
     closed = _closed_verdict(gold, pred)
     if closed is not None:
         return closed
+    listed = list_reading(gold)
+    if listed is not None:
+        return _either_reading(normalize_answer(gold), listed, pred, timeout_s, any_order)
     try:
         from math_verify import parse
     except ImportError:  # pragma: no cover - surfaced by the pool's owner
@@ -342,6 +345,16 @@ def check_pair(gold: str, pred: str, timeout_s: int | None = 5, any_order: bool 
     if _is_number(gold_parsed[0]) and _is_number(pred_parsed[0]):
         return RuleVerdict(False, "math-verify: different numbers")
     return RuleVerdict(None, "math-verify: not shown equivalent (non-numeric)")
+
+
+def _either_reading(number: str, listed: str, pred: str, timeout_s: int | None, any_order: bool) -> RuleVerdict:
+    """The verdict on ``pred`` against a reference that reads both as a number in digit groups and as a list
+    ("60,100": 60100 or "60, 100"): right where it is either, else left to the judge, never wrong."""
+    for reading, name in ((number, "number"), (listed, "list")):
+        verdict = check_pair(reading, pred, timeout_s, any_order)
+        if verdict.correct:
+            return RuleVerdict(True, f"the reference read as a {name}: {verdict.detail}")
+    return RuleVerdict(None, "reference reads both as a number in digit groups and as a list: neither shown equal")
 
 
 def _verify(gold_parsed: list[Any], pred_parsed: list[Any], timeout_s: int | None) -> bool | None:

@@ -226,14 +226,17 @@ def normalize_answer(answer: str) -> str:
     "\\( \\)", "\\[ \\]") and the punctuation after them removed, the minus sign written as a hyphen-minus, a number
     written in groups of three digits as its digits (:func:`ungrouped`), and a root of one token without braces
     braced as LaTeX reads it ("\\sqrt38" is "\\sqrt{3}8", the root of 3 times 8)."""
+    text = _SHORT_ROOT.sub(r"\\sqrt{\1}", ungrouped(_unstyled(answer)))
+    text = _SPACING.sub("", text)
+    return text.rstrip(".")
+
+
+def _unstyled(answer: str) -> str:
     text = _MATH_DELIMITER.sub("", without_punctuation_after_math(answer)).strip().strip("$").strip()
     text = _TEXT_WRAPPER.sub(r"\1", text)
     text = text.replace("\\dfrac", "\\frac").replace("\\tfrac", "\\frac")
     # The minus sign of typeset text (U+2212), as models copy it, is the hyphen-minus.
-    text = text.replace("\u2212", "-")
-    text = _SHORT_ROOT.sub(r"\\sqrt{\1}", ungrouped(text))
-    text = _SPACING.sub("", text)
-    return text.rstrip(".")
+    return text.replace("\u2212", "-")
 
 
 def without_punctuation_after_math(answer: str) -> str:
@@ -245,8 +248,25 @@ def ungrouped(text: str) -> str:
     """``text`` with the separators of its digit groups removed where it is one number written in groups of three
     digits, alone or given a name: "1,000", "1{,}000", "n = 1,000" and "1, 000" (the group after a comma and a space
     begins with 0) are 1000; "3, 125" is a list of two numbers, and "60,100" the number 60100, not the list
-    "60, 100"."""
+    "60, 100" (a reference "60,100" reads as both: :func:`list_reading`)."""
     match = _GROUPED.fullmatch(text.strip())
     if match is None:
         return text
     return match.group(1) + "".join(c for c in match.group(2) if c.isdigit() or c == ".")
+
+
+def list_reading(answer: str) -> str | None:
+    """The list ``answer`` also reads as where it is one number in groups of three digits separated by plain commas
+    only, none of its groups after the first beginning with 0: "60, 100" for "60,100", "2, 251, 252" for "2,251,252"
+    (benchmark authors write lists without spaces). None for any other answer: "1,000" (a list's item has no leading
+    zero), "12{,}345" (LaTeX's group separator), "1, 025", "3, 125", "1000"."""
+    text = _unstyled(answer).strip()
+    match = _GROUPED.fullmatch(text)
+    if match is None:
+        return None
+    groups = match.group(2).split(",")
+    if any(not group.isdigit() or group.startswith("0") for group in groups[1:-1]):
+        return None
+    if groups[-1].startswith("0") or not groups[-1].split(".")[0].isdigit():
+        return None
+    return match.group(1) + ", ".join(groups)

@@ -8,9 +8,10 @@ rules could not decide).
 The exact check decides what it can decide at once and nothing more: the same answer after the spelling
 normalization majority vote uses, or two plain numbers (integers, decimals, scientific notation, fractions as ``a/b``
 or ``\\frac{a}{b}``: those votes key by their value) compared as rationals; a reference of digits with leading
-zeros ("017") only by its digits. Anything else (symbolic or textual answers) is left undecided for ``tmas report``
-(Math-Verify and the LLM judge). Like ``tmas.answer_rules``, a "wrong" is only ever said between two numbers; an
-iteration that returned no answer at all is wrong.
+zeros ("017") only by its digits; a reference that reads both as a number in digit groups and as a list ("60,100")
+as right against either reading and undecided otherwise. Anything else (symbolic or textual answers) is left
+undecided for ``tmas report`` (Math-Verify and the LLM judge). Like ``tmas.answer_rules``, a "wrong" is only ever
+said between two numbers; an iteration that returned no answer at all is wrong.
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ from functools import lru_cache
 
 from tmas.answer_classes import plain_number
 from tmas.answer_rules import leading_zeros
-from tmas.answers import last_boxed, normalize_answer
+from tmas.answers import last_boxed, list_reading, normalize_answer
 from tmas.grading.grades import SELECTED, Grades, ItemKey
 from tmas.grading.runs import current_grades, last_grading, load_last_grades
 from tmas.problems import Problem
@@ -58,6 +59,9 @@ def exact_verdict(reference: str, answer: str | None) -> bool | None:
     if leading_zeros(reference):  # a code or a grid's rows: only the same digits are that answer
         return None
     gold, pred = exact_number(reference), exact_number(answer)
+    listed = list_reading(reference)
+    if listed is not None:  # "60,100": the number 60100 or the list "60, 100", so never wrong
+        return True if normalize_answer(listed) == normalize_answer(answer) or gold == pred else None
     if gold is None or pred is None:
         return None
     return gold == pred
