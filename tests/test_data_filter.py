@@ -17,18 +17,20 @@ import pytest
 
 from conftest import SCRIPTED_URL, clean_env, config_file, run_tmas, scripted_settings, settings_for, wait_for
 from scripted_runs import by_role, scripted_run
-from tmas.config import load_settings
+from tmas.config import Sampling, load_settings
 from tmas.data.difficulty_filter import (
     FilterCard,
     default_max_tokens,
     filter_settings,
     run_filter,
+    samples_sampling,
     sampling_notes,
     user_sampling,
     write_subset,
 )
 from tmas.errors import ConfigError, InputError
 from tmas.grading.grades import GradeConfig
+from tmas.llm.sampling import with_sampling
 from tmas.methods import METHODS, register_method
 from tmas.methods.traits import Traits
 from tmas.problems import Problem
@@ -654,7 +656,8 @@ def test_the_papers_sampling_fills_only_what_no_one_set_and_a_set_value_is_said(
     monkeypatch.setenv("TMAS_TOP_P", "0.8")
     given = load_settings(config, overrides={"sampling.max_tokens": 300})
     settings = filter_settings(given, 4)
-    assert (settings.sampling.temperature, settings.sampling.top_p, settings.sampling.max_tokens) == (0.6, 0.8, 300)
+    drawn = samples_sampling(settings)
+    assert (drawn.temperature, drawn.top_p, drawn.max_tokens) == (0.6, 0.8, 300)
     assert sampling_notes(user_sampling(given), settings) == [
         "temperature 0.6 (from the config file; the paper's filter samples at 1.0)",
         "top_p 0.8 (from TMAS_TOP_P; the paper's filter samples at 0.95)",
@@ -664,7 +667,10 @@ def test_the_papers_sampling_fills_only_what_no_one_set_and_a_set_value_is_said(
     monkeypatch.delenv("TMAS_TOP_P")
     plain = load_settings(None, overrides={"endpoint.base_url": "http://127.0.0.1:9/v1"})
     paper = filter_settings(plain, 4)
-    assert (paper.sampling.temperature, paper.sampling.top_p, paper.sampling.max_tokens) == (1.0, 0.95, 131072)
+    drawn = samples_sampling(paper)
+    assert (drawn.temperature, drawn.top_p, drawn.max_tokens) == (1.0, 0.95, 131072)
+    # On the samples' role alone: the top-level [sampling], which the grading judge is asked at, is the user's.
+    assert (paper.sampling.temperature, paper.sampling.top_p, paper.sampling.max_tokens) == (0.7, None, 2048)
     assert sampling_notes(user_sampling(plain), paper) == []
 
 
@@ -690,3 +696,99 @@ async def test_the_default_length_is_the_windows_where_configured_and_a_filter_r
     # Set by the user: theirs (None: nothing to fill).
     given = load_settings(None, overrides={"endpoint.base_url": SCRIPTED_URL, "sampling.max_tokens": 500})
     assert await default_max_tokens(given, run_dir) == (None, "")
+
+
+JUDGED = GradeConfig(mode="judge", judge_runs=1)
+JUDGE_RIGHT = Rule(role="judge", replies=['{"reasoning": "r", "equivalent": true}'])
+
+
+def sampled(model: ScriptedModel, role: str) -> set[tuple[Any, Any, Any]]:
+    """The (temperature, top_p, max_tokens) of ``model``'s calls of ``role``, as their request bodies sent them."""
+    bodies = [c.body for c in model.calls if c.role == role]
+    return {(b.get("temperature"), b.get("top_p"), b.get("max_tokens")) for b in bodies}
+
+
+async def test_the_papers_sampling_goes_to_the_samples_and_the_judge_keeps_its_own(tmp_path: Path) -> None:
+    # The paper's temperature 1.0, top_p 0.95 and 128K tokens are how it samples solutions. Before, they were laid on
+    # the top-level [sampling], so the grading judge was asked at temperature 1.0 with a 128K max_tokens too; now it is
+    # asked as `tmas eval`'s judge is: the settings' own sampling (here the built-in 0.7 and 2048).
+    plain = load_settings(None, overrides={"endpoint.base_url": SCRIPTED_URL, "endpoint.model": "sim-model"})
+    settings = filter_settings(plain, 2)
+    model = ScriptedModel(SimScript(rules=[JUDGE_RIGHT, *script().rules]), settings)
+    problems = tmp_path / "b.jsonl"
+    write_problems(problems, [GAMMA])
+    card = await run_filter(
+        problems, tmp_path / "run", tmp_path / "o.jsonl", settings, JUDGED, k=2, below=2, n=1,
+        seed=0, model=model,
+    )  # fmt: skip
+    assert by_role(model) == {"solution": 2, "judge": 1}
+    assert sampled(model, "solution") == {(1.0, 0.95, 131072)}
+    assert sampled(model, "judge") == {(0.7, None, 2048)}
+    # The card says what the samples were drawn with.
+    assert card.sampling == {"temperature": 1.0, "top_p": 0.95, "max_tokens": 131072}
+    # A value a user set reaches both: the samples and the judge; a judge's own table holds for the judge.
+    given = load_settings(
+        None,
+        overrides={
+            "endpoint.base_url": SCRIPTED_URL,
+            "endpoint.model": "sim-model",
+            "sampling.top_p": 0.8,
+            "roles": {"judge": {"sampling": {"max_tokens": 700}}},
+        },
+    )
+    settings = filter_settings(given, 2)
+    model = ScriptedModel(SimScript(rules=[JUDGE_RIGHT, *script().rules]), settings)
+    await run_filter(
+        problems, tmp_path / "run2", tmp_path / "o2.jsonl", settings, JUDGED, k=2, below=2, n=1,
+        seed=0, model=model,
+    )  # fmt: skip
+    assert sampled(model, "solution") == {(1.0, 0.8, 131072)}
+    assert sampled(model, "judge") == {(0.7, 0.8, 700)}
+
+
+async def test_a_solution_roles_own_sampling_is_kept_under_the_papers(tmp_path: Path) -> None:
+    # [roles.solution.sampling] temperature = 0.3 is the user's: the paper's fills only its other fields.
+    given = load_settings(
+        None,
+        overrides={
+            "endpoint.base_url": SCRIPTED_URL,
+            "endpoint.model": "sim-model",
+            "roles": {"solution": {"sampling": {"temperature": 0.3}}},
+        },
+    )
+    settings = filter_settings(given, 2)
+    model = ScriptedModel(script(), settings)
+    problems = tmp_path / "b.jsonl"
+    write_problems(problems, [GAMMA])
+    await run_filter(
+        problems, tmp_path / "run", tmp_path / "o.jsonl", settings, GradeConfig(mode="rules"), k=2, below=2, n=1,
+        seed=0, model=model,
+    )  # fmt: skip
+    assert sampled(model, "solution") == {(0.3, 0.95, 131072)}
+
+
+async def test_a_filter_begun_with_the_papers_sampling_on_every_role_resumes_without_a_call(tmp_path: Path) -> None:
+    # A filter run begun when the paper's sampling was laid on the top-level [sampling] (its judge asked at 1.0 and
+    # 128K tokens): resumed now, its samples draw alike and its judge's verdicts are kept, so nothing is sent again.
+    plain = load_settings(None, overrides={"endpoint.base_url": SCRIPTED_URL, "endpoint.model": "sim-model"})
+    new = filter_settings(plain, 2)
+    paper = Sampling(temperature=1.0, top_p=0.95, max_tokens=131072)
+    old = with_sampling(new.model_copy(update={"roles": {}}), "config", paper)
+    rules = SimScript(rules=[JUDGE_RIGHT, *script().rules])
+    before = ScriptedModel(rules, old)
+    problems, run_dir = tmp_path / "b.jsonl", tmp_path / "run"
+    write_problems(problems, [GAMMA, ("alpha", CASES[0][1], "6")])
+    grading = GradeConfig(mode="judge", judge_runs=1)
+
+    async def run_filter_on(model: ScriptedModel) -> FilterCard:
+        return await run_filter(
+            problems, run_dir, tmp_path / "o.jsonl", model.settings, grading, k=2, below=2, n=2, seed=0, model=model
+        )
+
+    first = await run_filter_on(before)
+    assert by_role(before) == {"solution": 4, "judge": 2} and sampled(before, "judge") == {(1.0, 0.95, 131072)}
+    assert (await default_max_tokens(plain, run_dir))[0] == 131072
+    after = ScriptedModel(rules, new)
+    again = await run_filter_on(after)
+    assert after.calls == []
+    assert again.solved_counts == first.solved_counts and again.selected == first.selected

@@ -84,7 +84,8 @@ def data_filter(
 
     The samples are drawn at the paper's temperature 1.0, top_p 0.95 and 128K tokens (the paper's filter model:
     Qwen3-4B-Thinking) where no one set their own: a value of the config file, a TMAS_* variable or a flag is sent as
-    set and said beside the paper's. The 128K tokens are fitted down to the context window the server states; run
+    set and said beside the paper's. The paper's sampling is the samples' alone: the grading judge is asked at the
+    settings' own, as tmas eval's judge is. The 128K tokens are fitted down to the context window the server states; run
     again on its --run-dir, the filter samples at the max_tokens its samples were drawn with (2048 for a run begun
     before the paper's length was the default). Problems without an answer are skipped, never sampled. The run seed
     (--seed) seeds the selection too.

@@ -7,7 +7,11 @@ The paper's sampling fills what no one set: a temperature, top_p or max_tokens o
 variable or a flag is sent as given, and said beside the paper's (:func:`sampling_notes`). The paper's 128K tokens
 are fitted down to the solution role's context window where it is known (configured, or stated by its server:
 :func:`default_max_tokens`); a filter run again on its run directory samples at the max_tokens its samples were
-drawn with (a run begun when the default was 2048 resumes at 2048).
+drawn with (a run begun when the default was 2048 resumes at 2048). The paper's sampling is how the samples are
+drawn: it goes to the sampling method's role alone (``[roles.solution.sampling]``, under what its own table sets),
+and the grading judge is asked at the settings' own sampling, as ``tmas eval``'s judge is. A run begun when it was
+laid on the top-level ``[sampling]`` (its judge asked at 1.0 and 128K tokens) resumes as it is: its samples are
+asked alike and its judge's verdicts are kept (:mod:`tmas.grading.judge` asks again only undecided ones).
 
 Only problems with a reference answer are sampled: one without (or with a blank one) cannot be judged, and is left
 out before any call, counted on the card.
@@ -51,7 +55,7 @@ from tmas.grading.runs import grade_run
 from tmas.llm.model import ChatModel
 from tmas.llm.replica import probe
 from tmas.llm.routes import Routes
-from tmas.llm.sampling import with_sampling
+from tmas.llm.sampling import resolve_role
 from tmas.methods import METHODS, method_names
 from tmas.methods.tmas_params import PAPER_MAX_TOKENS
 from tmas.problems import Problem, dataset_name, load_problems
@@ -165,9 +169,11 @@ def filter_settings(
     """The run settings of the filter: its sampling method (:func:`sampling_method`) drawing k samples in one
     iteration, at the paper's temperature, top_p and max_tokens (``max_tokens`` where given: the paper's fitted to a
     window, :func:`default_max_tokens`) where no one set their own (the config file, a ``TMAS_*`` variable, a flag:
-    ``flags`` names more fields set). A value a user set is sent as set, never replaced: :func:`sampling_notes` says
-    it beside the paper's. The method's other parameters are the settings' own where the settings configure that
-    method."""
+    ``flags`` names more fields set; a field of the method's role's own ``[roles.NAME.sampling]``). A value a user set
+    is sent as set, never replaced: :func:`sampling_notes` says it beside the paper's. The paper's sampling is how it
+    draws solutions: it is laid on the method's roles alone (``[roles.NAME.sampling]``), so the grading judge is
+    asked at the settings' own sampling, as ``tmas eval``'s judge is. The method's other parameters are the settings'
+    own where the settings configure that method."""
     name = sampling_method(settings, method)
     count = METHODS[name].traits.samples
     assert count is not None
@@ -176,16 +182,35 @@ def filter_settings(
     data["method"] = {"name": name, "params": {**own, count: k, "iterations": 1}}
     taken = set(user_sampling(settings)) | set(flags)
     defaults = {**PAPER_SAMPLING, **({"max_tokens": max_tokens} if max_tokens is not None else {})}
-    paper = Sampling(**{key: value for key, value in defaults.items() if key not in taken})
-    return with_sampling(Settings.model_validate(data), "config", paper)
+    roles = data.setdefault("roles", {})
+    for role in METHODS[name].traits.roles:
+        table = roles.setdefault(role, {})
+        given = table.get("sampling") or {}
+        paper = {key: value for key, value in defaults.items() if key not in taken and given.get(key) is None}
+        table["sampling"] = {**given, **paper}
+    return Settings.model_validate(data)
+
+
+def filter_role(settings: Settings) -> str:
+    """The role the filter's samples go out under: its sampling method's first (majority vote's ``solution``)."""
+    return METHODS[sampling_method(settings)].traits.roles[0]
+
+
+def samples_sampling(settings: Settings) -> Sampling:
+    """The sampling the filter's samples are drawn with under ``settings``, resolved for its sampling method's role:
+    the paper's where no one set a field. Settings a filter stored when the paper's sampling was laid on the
+    top-level ``[sampling]`` resolve to it the same."""
+    return resolve_role(settings, filter_role(settings)).sampling
 
 
 def sampling_notes(user: Mapping[str, str], settings: Settings) -> list[str]:
     """Each sampling field a user set (``user``: field -> source, :func:`user_sampling` of the settings as given)
-    whose value in ``settings`` differs from the paper's, said with where it came from and the paper's value."""
+    whose value the filter's samples are drawn with (:func:`samples_sampling` of ``settings``) differs from the
+    paper's, said with where it came from and the paper's value."""
     notes = []
+    drawn = samples_sampling(settings)
     for name, paper in PAPER_SAMPLING.items():
-        value = getattr(settings.sampling, name)
+        value = getattr(drawn, name)
         if name in user and value != paper:
             flag = name.replace("_", "-")
             source = SOURCE_WORDS.get(user[name], user[name]).format(NAME=name.upper(), flag=flag)
@@ -233,11 +258,13 @@ async def default_max_tokens(settings: Settings, run_dir: Path, role: str = "sol
     (:func:`served_window`): a reply never has more room than the window (the client lowers each call's max_tokens to
     what its prompt leaves, :meth:`tmas.llm.refusals.Refusals.fit_context`), and the estimate counts what it can
     be."""
-    if "max_tokens" in user_sampling(settings):
+    own = settings.roles.get(role)
+    if "max_tokens" in user_sampling(settings) or (own is not None and own.sampling.max_tokens is not None):
         return None, ""
     stored = stored_settings(run_dir)
-    if stored is not None and stored.sampling.max_tokens is not None:
-        return stored.sampling.max_tokens, f"as the samples in {run_dir} were drawn"
+    drawn = samples_sampling(stored).max_tokens if stored is not None else None
+    if drawn is not None:
+        return drawn, f"as the samples in {run_dir} were drawn"
     window = await served_window(settings, role)
     if window is not None and window < PAPER_MAX_TOKENS:
         return window, f"the paper's {PAPER_MAX_TOKENS} fitted to the context window of {window} tokens"
@@ -341,7 +368,7 @@ def build_card(
         n=n,
         seed=seed,
         grading=grades.described(),
-        sampling=settings.sampling.model_dump(exclude_none=True, exclude_defaults=True),
+        sampling=samples_sampling(settings).model_dump(exclude_none=True, exclude_defaults=True),
         solved_counts=dict(Counter(solved for solved, _ in judged.values())),
         kept_counts=dict(Counter(solved for solved, replied in judged.values() if is_kept(solved, replied, k, below))),
         kept=kept,
@@ -436,11 +463,11 @@ def resume_flags(run_dir: Path, settings: Settings) -> list[str]:
     before = stored_settings(run_dir)
     if before is None:
         return []
+    old, new = samples_sampling(before), samples_sampling(settings)
     return [
-        f"--{name.replace('_', '-')} {getattr(before.sampling, name)}"
+        f"--{name.replace('_', '-')} {getattr(old, name)}"
         for name in PAPER_SAMPLING
-        if getattr(before.sampling, name) is not None
-        and getattr(before.sampling, name) != getattr(settings.sampling, name)
+        if getattr(old, name) is not None and getattr(old, name) != getattr(new, name)
     ]
 
 
