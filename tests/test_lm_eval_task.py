@@ -46,11 +46,13 @@ def test_bad_input_is_one_line(tmp_path: Path) -> None:
     problems.write_text(json.dumps({"problem_id": "u", "question": "2+2?"}) + "\n")
     for args, says in [
         (["--name", "bad-name"], "task name 'bad-name'"),
-        ([], "problems without an answer cannot be scored: u"),
+        # Where the problem is, as a blank answer is said (before: its id alone).
+        ([], f"{problems}:1: problem 'u' has no answer: lm-eval cannot score it"),
         (["--temperature", "3"], "--temperature must be within 0-2"),
     ]:
         done = CliRunner().invoke(app, ["data", "lm-eval-task", str(problems), "-o", str(tmp_path / "t"), *args])
-        assert done.exit_code != 0 and says in str(done.exception)
+        said = str(done.exception)
+        assert done.exit_code != 0 and says in said and "\n" not in said
 
 
 def test_a_blank_answer_is_refused_naming_the_file_and_line(tmp_path: Path) -> None:
@@ -66,5 +68,22 @@ def test_a_blank_answer_is_refused_naming_the_file_and_line(tmp_path: Path) -> N
     said = str(done.exception)
     assert (
         done.exit_code != 0 and said.startswith(f"{problems}:2: problem 'x2' has a blank answer") and "\n" not in said
+    )
+    assert not out.exists()
+
+
+def test_a_missing_answer_among_answered_ones_is_refused_naming_the_file_and_line(tmp_path: Path) -> None:
+    problems = tmp_path / "p.jsonl"
+    rows = [
+        {"problem_id": "x1", "question": "2+2?", "answer": "4"},
+        {"problem_id": "x2", "question": "3+3?"},
+        {"problem_id": "x3", "question": "4+4?"},
+    ]
+    problems.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    out = tmp_path / "t"
+    done = CliRunner().invoke(app, ["data", "lm-eval-task", str(problems), "-o", str(out)])
+    assert done.exit_code != 0
+    assert str(done.exception) == (
+        f"{problems}:2: problem 'x2' has no answer: lm-eval cannot score it (nor 1 more problem after it)"
     )
     assert not out.exists()

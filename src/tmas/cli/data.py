@@ -230,12 +230,13 @@ def data_lm_eval_task(
     from tmas.problems import located_problems, resolve_dataset
 
     located = list(islice(located_problems(resolve_dataset(problems)), limit))
-    for where, problem in located:
-        if problem.answer is not None and not problem.labeled:
-            # It matches no reply: lm-eval would score every reply to it wrong.
-            raise InputError(f"{where}: problem {problem.problem_id!r} has a blank answer: lm-eval cannot score it")
     chosen = [problem for _, problem in located]
-    yaml_file, data_file = write_task(chosen, out, name, max_gen_toks=max_gen_toks, temperature=temperature)
+    # A problem with no answer, or a blank one (it matches no reply: lm-eval would score every reply to it wrong), is
+    # refused naming its file and line.
+    places = {problem.problem_id: where for where, problem in located}
+    yaml_file, data_file = write_task(
+        chosen, out, name, max_gen_toks=max_gen_toks, temperature=temperature, places=places
+    )
     typer.echo(f"wrote {yaml_file} and {data_file} ({len(chosen)} problems)")
     typer.echo(
         f"lm_eval run --model local-chat-completions --apply_chat_template --include_path {out} --tasks {name}"

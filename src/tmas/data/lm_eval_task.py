@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import Mapping
 from pathlib import Path
 
 from tmas.errors import InputError
@@ -69,19 +70,41 @@ def task_yaml(name: str, data_file: Path, *, max_gen_toks: int, temperature: flo
     )
 
 
+def unscorable(problems: list[Problem], places: Mapping[str, str]) -> str | None:
+    """Why the problems cannot all be scored, in one line naming the first with no answer or a blank one (a blank
+    answer matches no reply either) by its place (``places``: problem id -> ``file:line``, where known) and counting
+    the others; None where every problem has an answer."""
+    missing = [p for p in problems if not p.labeled]
+    if not missing:
+        return None
+    first = missing[0]
+    if first.problem_id not in places:
+        return f"problems without an answer cannot be scored: {', '.join(p.problem_id for p in missing[:5])}"
+    what = "no answer" if first.answer is None else "a blank answer"
+    more = len(missing) - 1
+    others = f" (nor {more} more problem{'s' if more > 1 else ''} after it)" if more else ""
+    return f"{places[first.problem_id]}: problem {first.problem_id!r} has {what}: lm-eval cannot score it{others}"
+
+
 def write_task(
-    problems: list[Problem], out_dir: Path, name: str, *, max_gen_toks: int = 2048, temperature: float = 0.7
+    problems: list[Problem],
+    out_dir: Path,
+    name: str,
+    *,
+    max_gen_toks: int = 2048,
+    temperature: float = 0.7,
+    places: Mapping[str, str] | None = None,
 ) -> tuple[Path, Path]:
-    """Write ``OUT_DIR/NAME.yaml`` and its documents ``OUT_DIR/NAME.jsonl``; returns both paths."""
+    """Write ``OUT_DIR/NAME.yaml`` and its documents ``OUT_DIR/NAME.jsonl``; returns both paths. A problem without
+    an answer is refused, named by its place in ``places`` (problem id -> ``file:line``) where given."""
     if not TASK_NAME.match(name):
         raise InputError(f"task name {name!r}: letters, digits and '_' only, starting with a letter")
     if max_gen_toks < 1:
         raise InputError(f"--max-gen-toks must be at least 1 (got {max_gen_toks})")
     if not 0 <= temperature <= 2:
         raise InputError(f"--temperature must be within 0-2 (got {temperature})")
-    missing = [p.problem_id for p in problems if not p.labeled]  # a blank answer matches no reply either
-    if missing:
-        raise InputError(f"problems without an answer cannot be scored: {', '.join(missing[:5])}")
+    if (refusal := unscorable(problems, places or {})) is not None:
+        raise InputError(refusal)
     if not problems:
         raise InputError("no problems to write")
     out_dir.mkdir(parents=True, exist_ok=True)
