@@ -792,3 +792,30 @@ async def test_a_filter_begun_with_the_papers_sampling_on_every_role_resumes_wit
     again = await run_filter_on(after)
     assert after.calls == []
     assert again.solved_counts == first.solved_counts and again.selected == first.selected
+
+
+def test_the_command_sends_the_papers_sampling_to_the_samples_and_not_to_the_judge(
+    sim: SimServer, tmp_path: Path
+) -> None:
+    sim.set_script(SimScript(rules=[JUDGE_RIGHT, *script().rules]))
+    problems = tmp_path / "b.jsonl"
+    write_problems(problems, [GAMMA])
+    out = tmp_path / "hard.jsonl"
+    done = tmas(
+        *filter_command(problems, out, 2, "--base-url", sim.base_url, "--max-tokens", "900"),
+        "--grade",
+        "judge",
+        "--judge-runs",
+        "1",
+    )
+    assert done.returncode == 0, done.stderr.decode()
+    solution, judge = sim.chat_bodies("solution"), sim.chat_bodies("judge")
+    assert len(solution) == 2 and {(b["temperature"], b["top_p"], b["max_tokens"]) for b in solution} == {
+        (1.0, 0.95, 900)
+    }
+    # The judge: the --max-tokens given (a flag is the user's, for every role), the built-in temperature, no top_p.
+    assert len(judge) == 1 and (judge[0]["temperature"], judge[0].get("top_p"), judge[0]["max_tokens"]) == (
+        0.7,
+        None,
+        900,
+    )
