@@ -272,12 +272,10 @@ class ProblemSession:
             self._spent_before(store)
         # Under a budget, on a problem solved again from ``store`` (see :meth:`_take_stored`): its stored calls that
         # the pass replays before any new call could change what it asks (RunStore.sure_replay_calls) and that it
-        # has not replayed yet, by id, each with its iteration and its tokens as the budget counts them; how many of
-        # them each iteration has left, and their tokens; the iterations the pass replayed a call of, and those it
-        # sent a call of.
+        # has not replayed yet, by id, each with its iteration and its tokens as the budget counts them; the
+        # iterations the pass replayed a call of, and those it sent a call of.
         self._replay: StoreReplay | None = None
         self._unreplayed: dict[int, tuple[int, int]] = {}
-        self._left: dict[int, tuple[int, int]] = {}
         self._replayed_in: set[int] = set()
         self._sent_in: set[int] = set()
         if store is not None and (self.budget.calls is not None or self.budget.tokens is not None):
@@ -285,10 +283,7 @@ class ProblemSession:
             if replay is not None and replay.store is store:
                 self._replay = replay
                 for call_id, (iteration, usage) in store.sure_replay_calls(problem.problem_id).items():
-                    tokens = self.budget.spent(usage)
-                    self._unreplayed[call_id] = (iteration, tokens)
-                    calls, left = self._left.get(iteration, (0, 0))
-                    self._left[iteration] = (calls + 1, left + tokens)
+                    self._unreplayed[call_id] = (iteration, self.budget.spent(usage))
         # Calls sent and not yet answered: a call budget counts them (so it is never exceeded). A token budget
         # counts each at what it may cost at most (``reserved_tokens``: its max_tokens, plus its prompt where the
         # budget counts prompts) and holds a call back while they could reach the limit (:meth:`_admit`).
@@ -462,8 +457,6 @@ class ProblemSession:
         if taken is None:
             return None
         iteration, tokens = taken
-        calls, left = self._left[iteration]
-        self._left[iteration] = (calls - 1, left - tokens)
         self._replayed_in.add(iteration)
         return tokens
 
@@ -472,7 +465,8 @@ class ProblemSession:
         through it (it replayed calls of it and sent none); none otherwise (:meth:`_take_stored`)."""
         if self.iteration not in self._replayed_in or self.iteration in self._sent_in:
             return 0, 0
-        return self._left.get(self.iteration, (0, 0))
+        left = [tokens for iteration, tokens in self._unreplayed.values() if iteration == self.iteration]
+        return len(left), sum(left)
 
     def _spend(self, messages: Sequence[Message], usage: Usage) -> None:
         """A call of the problem ended, having cost ``usage``: counted against the budget and in the records."""
