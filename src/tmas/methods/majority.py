@@ -258,7 +258,6 @@ class MajorityVote(Method[MajorityParams]):
             confidence_window=window,
             watch=watch,
             meta=CandidateMeta(online_stop=kind),
-            # A sample that echoed, whose retry the budget refused, is recorded unusable; it casts no vote.
         )
 
     def _stop_record(self, session: ProblemSession, drawn: int, decision: VoteStop, *, decided: bool) -> VoteStopRecord:

@@ -193,7 +193,6 @@ class RSE(Method[RSEParams]):
     ) -> Candidate | None:
         """Sample i of an iteration, under a new seed where one is configured and sample i sent ``prompt`` before."""
         meta = CandidateMeta(prompt=kind)
-        # A sample that echoed, whose retry the budget refused, is recorded unusable; it casts no vote.
         return await solve_call(session, "solution", prompt, index=i, mode=self.params.mode, meta=meta, asked=asked)
 
     async def _distill(

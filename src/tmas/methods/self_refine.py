@@ -125,7 +125,6 @@ class SelfRefine(Method[SelfRefineParams]):
                     remind=remind,
                     parse=parse,
                     asked=asked,
-                    # A reply that echoed, whose retry the budget refused, is recorded; its trajectory holds on.
                 )
 
             stepped = await gather_all(step(i) for i in range(p.n))

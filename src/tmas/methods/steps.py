@@ -272,14 +272,12 @@ def solution_anomalies(c: Candidate, mode: str) -> list[Anomaly]:
     found: list[Anomaly] = []
     at, meta = f"candidate {c.index}", c.meta
     if meta.retry_refused:
-        # One reply, which echoed: counted once, its note saying why it is unusable.
-        found.append(("solution_echo", f"{at}: unusable: {c.error} ({meta.retry_refused})"))
-    elif meta.echo_retry:
+        # One reply, which echoed, and nothing asked after it (no retry, no reminder): one note, counted once.
+        return [("solution_echo", f"{at}: unusable: {c.error} ({meta.retry_refused})")]
+    if meta.echo_retry:
         found.append(("solution_echo", f"{at}: its {meta.echo_retry} echoed the prompt's instructions; asked again"))
     if meta.stopped_early:
         found.append(("solution_stopped_early", f"{at}: {c.error}"))
-    elif meta.retry_refused:
-        pass
     elif meta.echo:
         found.append(("solution_echo", f"{at}: unusable: {c.error}"))
     elif c.error:

@@ -222,7 +222,6 @@ class VerifyRefine(Method[VerifyRefineParams]):
             remind=remind,
             parse=parse,
             asked=asked,
-            # A reply that echoed, whose retry the budget refused, is recorded; its trajectory holds on.
         )
         if candidate is None:
             return None
