@@ -454,3 +454,58 @@ async def test_a_reply_whose_retry_the_budget_refused_counts_one_send_of_its_pro
         candidate = await solve_call(session, "solution", messages, index=0, mode="numeric", asked=asked)
         assert candidate is not None and len(model.calls) == calls
         assert asked.attempt(0, "solution", messages) == sends
+
+
+# Each iteration (round) of these writes one solution: 5, 5, 7, then one that echoes the prompt's instructions.
+FIVE, SEVEN = "Path A: 5.\n\n\\boxed{5}", "Path B: 7.\n\n\\boxed{7}"
+CUT_ITERATION = [
+    ("tmas", {"n": 1, "m": 1}, 15),
+    ("rse", {"n": 1}, 6),
+    ("pacore", {"responses_per_round": 1}, 3),
+]
+
+
+@pytest.mark.parametrize("answer_fallback", [True, False])
+@pytest.mark.parametrize(("method", "params", "calls"), CUT_ITERATION)
+async def test_a_cut_iteration_whose_every_reply_the_budget_refused_a_retry_keeps_the_answer_before(
+    method: str, params: dict[str, Any], calls: int, answer_fallback: bool
+) -> None:
+    # `calls` is iterations 0-2's calls: with it, iteration 3's solution is refused outright, and the answer is the
+    # one chosen after iteration 2 (7). With one call more, that solution comes back echoing and its retry is
+    # refused: the reply is in iteration 3's record (call, tokens, the stop), and the answer is still iteration 2's,
+    # recorded as such (before: the answer fallback over every earlier iteration, 5 where it counts all of them, or
+    # no answer at all with the fallback off).
+    rules = [
+        Rule(role="solution", replies=[FIVE, FIVE, SEVEN, SOLUTION_ECHO]),
+        Rule(role="verifier", replies=[SCORE_1]),
+    ]
+    params = {**params, "iterations": 4, "style": "concise", "answer_fallback": answer_fallback}
+    plain, _ = await solve(method, rules, {"calls": calls}, **params)
+    result, model = await solve(method, rules, {"calls": calls + 1}, **params)
+    assert (plain.stopped_reason, plain.answer, plain.fallback, len(plain.iterations)) == ("budget", "7", None, 3)
+    assert (result.status, result.stopped_reason, result.answer) == ("done", "budget", "7")
+    assert result.fallback is None and result.text == plain.text
+    assert result.counters.get("answer_fallback") is None
+    echoed = model.calls_of("solution")[-1]
+    assert echoed.reply.content == SOLUTION_ECHO and len(model.calls) == calls + 1
+    cut = result.iterations[-1]
+    assert cut.iteration == 3 and cut.calls == 1 and cut.usage == echoed.reply.usage
+    [refused] = cut.candidates
+    assert refused.call_id == echoed.reply.call_id and refused.usage == echoed.reply.usage
+    assert refused.answer is None and refused.meta.retry_refused is not None
+    assert f"candidate 0: unusable: {refused.error} ({refused.meta.retry_refused})" in cut.notes
+    assert (
+        cut.selected == "7"
+        and cut.selection is not None
+        and cut.selection.model_dump()
+        == {
+            "iteration": 2,
+            "candidate": 0,
+            "fallback": False,
+        }
+    )
+    assert "answer_fallback" not in cut.state
+    assert (
+        "no usable candidate: every reply that came back echoed and the budget refused its retry; the answer stays"
+        " the one chosen after iteration 2" in cut.notes
+    )

@@ -130,6 +130,7 @@ class PaCoRe(Method[PaCoReParams]):
                 mode=mode,
                 fallback=p.answer_fallback,
                 fallback_from="latest",
+                previous=chosen,
             )
             if session.budget_stop:
                 break

@@ -181,7 +181,7 @@ class RSE(Method[RSEParams]):
             state.bank = bank.model_copy(deep=True)
             # The vote of this iteration's samples; without an answer here, of every earlier iteration's.
             chosen = await close_iteration(
-                session, candidates, state, notes, planned=p.n, mode=mode, fallback=p.answer_fallback
+                session, candidates, state, notes, planned=p.n, mode=mode, fallback=p.answer_fallback, previous=chosen
             )
             if session.budget_stop:
                 break

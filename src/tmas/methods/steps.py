@@ -9,7 +9,9 @@ the candidates finished so far (each scored from the verifications that came bac
 :func:`tmas.methods.base.gather_finished`) and stop, so an equal-compute comparison keeps every token that was spent.
 A reply that echoed, whose retry the budget refused, is a candidate of its own for TMAS, CoT, majority vote, PaCoRe,
 RSE, Self-Refine, Verify-Refine and MATTRL's opinions: unusable, in the record with its call and
-tokens; a refinement's trajectory holds its solution on, as where the call was refused (:func:`hold`). MATTRL raises
+tokens; a refinement's trajectory holds its solution on, as where the call was refused (:func:`hold`), and an
+iteration of TMAS, PaCoRe or RSE whose every candidate is such a reply keeps the answer chosen before it, as where
+every call was refused (:func:`holds_answer`). MATTRL raises
 the stop again: the method's own round ends the problem with what finished; the runner ends one whose method let the
 stop through. Whichever ends it, the stop is recorded one way (:meth:`ProblemSession.budget_stopped`): the stop
 reason, the ``budget_stops`` counter, and a ``stopped:`` note in the last iteration record.
@@ -349,6 +351,22 @@ async def select_answer(
     return Chosen(chosen, fell_back)
 
 
+def holds_answer(session: ProblemSession, candidates: list[Candidate]) -> bool:
+    """Whether an iteration a budget stop cut answers as one whose every solution call it refused: each of its
+    ``candidates`` (those that came back) is a reply that echoed, whose retry the budget refused (:func:`solve_call`),
+    and an iteration was recorded before it. The answer stays the one chosen after that iteration, this iteration's
+    record saying so (:func:`held_answer_note`) with the replies in it, unusable, as ever."""
+    return bool(session.records and candidates) and all(c.meta.retry_refused is not None for c in candidates)
+
+
+def held_answer_note(session: ProblemSession) -> str:
+    """The note of an iteration that keeps the answer chosen before it (:func:`holds_answer`)."""
+    return (
+        "no usable candidate: every reply that came back echoed and the budget refused its retry; the answer stays"
+        f" the one chosen after iteration {session.records[-1].iteration}"
+    )
+
+
 def fallback_note(fallback: Fallback) -> str:
     """The iteration record's note of an answer taken from an earlier iteration."""
     return f"answer from iteration {fallback.iteration}: {fallback.reason}"
@@ -367,6 +385,7 @@ async def close_iteration(
     fallback: bool = True,
     fallback_from: FallbackFrom = "all",
     held_over: list[int] | None = None,
+    previous: Chosen | None = None,
 ) -> Chosen:
     """The end of an iteration of a baseline that selects its answer among its candidates (Self-Refine,
     Verify-Refine, PaCoRe, RSE): the answer by ``rule`` (:func:`select_answer`, with the answer fallback where on), the
@@ -374,19 +393,26 @@ async def close_iteration(
     candidates asked), and the iteration's record with the candidate chosen. The method's own ``notes`` come first.
 
     ``held_over`` (Self-Refine, Verify-Refine): the trajectories whose call the budget stop refused; each votes with
-    the solution it held at the iteration before (:func:`tmas.methods.selection.held`), as the record keeps them."""
-    chosen = await select_answer(
-        session,
-        candidates,
-        mode,
-        rule,
-        select_from=select_from,
-        fallback=fallback,
-        fallback_from=fallback_from,
-        held_over=held_over,
-    )
+    the solution it held at the iteration before (:func:`tmas.methods.selection.held`), as the record keeps them.
+    ``previous`` (PaCoRe, RSE): the answer chosen after the iteration before, which stays the answer where the budget
+    refused the retry of every reply that came back (:func:`holds_answer`), as where it refused every call."""
+    if previous is not None and holds_answer(session, candidates):
+        chosen = previous
+        notes.append(held_answer_note(session))
+    else:
+        chosen = await select_answer(
+            session,
+            candidates,
+            mode,
+            rule,
+            select_from=select_from,
+            fallback=fallback,
+            fallback_from=fallback_from,
+            held_over=held_over,
+        )
+        if chosen.fallback is not None:
+            notes.append(fallback_note(chosen.fallback))
     if chosen.fallback is not None:
-        notes.append(fallback_note(chosen.fallback))
         state.answer_fallback = chosen.fallback
     if session.budget_stop:
         notes += budget_note(session, len(candidates), planned, held_over)

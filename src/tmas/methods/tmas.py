@@ -46,11 +46,11 @@ the candidates whose solutions came back, each scored from the verifications tha
 unscored where the stop refused them all), with no summary or memory update, and the answer is chosen among them as
 after a last iteration; a stop that refused every solution call of an iteration leaves no record of it. An echoing
 reply whose retry the stop refused was spent, and is recorded as after a second echo (a solution: an unusable candidate
-saying the budget refused its retry; a summary: one built from the scores; a memory update: the reply applied without
-its echoing items); a memory call the stop refused is recorded as refused, the other one's update applied where it came
-back. Resume needs no
-state of its own: every call is replayed from the run store, and every draw depends only on the run seed, so
-re-running reaches the same state.
+saying the budget refused its retry, and an iteration whose every candidate is one answers as one the stop refused
+whole, with the answer chosen after the iteration before; a summary: one built from the scores; a memory update: the
+reply applied without its echoing items); a memory call the stop refused is recorded as refused, the other one's
+update applied where it came back. Resume needs no state of its own: every call is replayed from the run store, and
+every draw depends only on the run seed, so re-running reaches the same state.
 """
 
 from __future__ import annotations
@@ -112,6 +112,8 @@ from tmas.methods.steps import (
     Chosen,
     budget_note,
     fallback_note,
+    held_answer_note,
+    holds_answer,
     select_answer,
     solution_anomalies,
     solve_call,
@@ -269,6 +271,8 @@ class TMAS(Method[TMASParams]):
         stopped: str | None = None
         # What a budget stop spent against what limit, once one came: the problem ends with what finished.
         budget: str | None = None
+        # The answer chosen after the last iteration recorded.
+        chosen = Chosen()
         for t in range(p.iterations):  # line 3
             session.begin_iteration(t)
             log = IterationLog()
@@ -319,9 +323,14 @@ class TMAS(Method[TMASParams]):
                 kept = "each bank took what came back of its update" if applied else "the banks stay as they were"
                 log.notes.append(f"budget spent during the memory update: {kept}")
             state = MemoryState(rollouts=rollouts, experience=memory.experience, guideline=memory.guideline)
-            chosen = await self._select(session, candidates)
-            if chosen.fallback is not None:
-                log.bad("answer_fallback", fallback_note(chosen.fallback))
+            if holds_answer(session, candidates):
+                # Every reply that came back is unusable, its retry refused: the answer stays the one before, as where
+                # the budget refused every call (the fallback would choose again among the earlier iterations).
+                log.notes.append(held_answer_note(session))
+            else:
+                chosen = await self._select(session, candidates)
+                if chosen.fallback is not None:
+                    log.bad("answer_fallback", fallback_note(chosen.fallback))
             totals.update(log.anomalies)
             recorded = TMASState(
                 modes=plan.modes,
@@ -346,7 +355,7 @@ class TMAS(Method[TMASParams]):
             )
             if budget is not None or stopped is not None:
                 break
-        result = await self._result(session, stopped)
+        result = self._result(session, chosen, stopped)
         result.counters = dict(sorted(totals.items()))
         if budget is not None:
             # Ended by the budget as every method's stop is recorded, with the anomalies its finished iterations
@@ -367,11 +376,10 @@ class TMAS(Method[TMASParams]):
         )
         return MemoryUpdate(experience, guideline, exp_info, guide_info)
 
-    async def _result(self, session: ProblemSession, stopped: str | None) -> ProblemResult:
+    def _result(self, session: ProblemSession, best: Chosen, stopped: str | None) -> ProblemResult:
         """Line 22: argmax over R_T of Score(c) (with the defaults), or the earlier answer R_T lacks
-        (answer_fallback)."""
+        (answer_fallback): ``best``, as chosen after the last iteration recorded."""
         final = session.records[-1].candidates
-        best = await self._select(session)
         chosen = best.candidate
         result = session.result(
             self.name,
@@ -386,7 +394,7 @@ class TMAS(Method[TMASParams]):
             result.error = "no candidate of the last iteration succeeded" + (f": {sorted(errors)[0]}" if errors else "")
         return result
 
-    async def _select(self, session: ProblemSession, current: list[Candidate] | None = None) -> Chosen:
+    async def _select(self, session: ProblemSession, current: list[Candidate]) -> Chosen:
         """The answer from the iterations recorded so far, plus ``current`` (the iteration being finished), and the
         fallback it took, if any."""
         p = self.params
