@@ -3,9 +3,11 @@ viewer's live grades: leading zeros, digit groups, the root shorthand and punctu
 
 from __future__ import annotations
 
+from fractions import Fraction
+
 import pytest
 
-from tmas.answer_classes import value_key
+from tmas.answer_classes import plain_numbers, value_key
 from tmas.answers import list_reading, normalize_answer
 from tmas.view.live_grades import exact_verdict
 
@@ -115,7 +117,10 @@ def test_a_number_in_digit_groups_is_not_the_list_of_its_groups() -> None:
 
 # A reference in plain comma groups whose later groups begin with no 0 ("60,100", "9,737,333", as benchmark authors
 # write a list without spaces) reads both as a number and as a list: an answer matching either reading is right, in
-# the rules and live, and any other is left to the judge, never wrong. "1,000" and "12{,}345" read only as numbers.
+# the rules and live. One plain number other than the reference's number is wrong (one number is never a list of two
+# or more), and so is a list of as many plain numbers as the list reading has whose set of values is not that of its
+# items (a list of two or more numbers is never one number). Anything else is left to the judge: symbolic answers, a
+# list of another length, or the reference's items in another order. "1,000" and "12{,}345" read only as numbers.
 @pytest.mark.parametrize(
     ("gold", "pred", "verdict"),
     [
@@ -128,12 +133,28 @@ def test_a_number_in_digit_groups_is_not_the_list_of_its_groups() -> None:
         ("2,251,252", "2, 251, 252", True),
         ("9,737,333", "9737333", True),
         ("-12,345.5", "-12345.5", True),
-        ("60,100", "60101", None),
-        ("60,100", "60, 101", None),
+        ("60,100", "60101", False),
+        ("60,100", "60099", False),
+        ("60,100", "5", False),
+        ("60,100", "60", False),
+        ("60,100", "60 101", False),
+        ("60,100", "\\frac{1}{2}", False),
+        ("60,100", "60, 101", False),
+        ("60,100", "60; 5", False),
+        ("60,100", "60, 60", False),
+        ("60,100", "(60, 101)", False),
+        ("60,100", "\\{60, 101\\}", False),
         ("60,100", "100, 60", None),
-        ("60,100", "60", None),
-        ("9,737,333", "9737334", None),
-        ("2,251,252", "(2,251,253)", None),
+        ("60,100", "x+1", None),
+        ("60,100", "\\sqrt{2}", None),
+        ("60,100", "60, x", None),
+        ("60,100", "60, 100, 5", None),
+        ("60,100", "1,000, 5", None),
+        ("9,737,333", "9737334", False),
+        ("9,737,333", "9, 737, 334", False),
+        ("9,737,333", "9, 737", None),
+        ("2,251,252", "(2,251,253)", False),
+        ("-12,345.5", "-12, 345", False),
         ("1,000", "999", False),
         ("12{,}345", "12346", False),
         ("1,025", "1, 25", False),
@@ -141,6 +162,16 @@ def test_a_number_in_digit_groups_is_not_the_list_of_its_groups() -> None:
 )
 def test_a_reference_read_both_as_a_number_and_as_a_list(gold: str, pred: str, verdict: bool | None) -> None:
     assert rules(gold, pred) is verdict
+
+
+def test_the_items_of_such_a_reference_in_any_order_where_the_problem_asks_for_all() -> None:
+    pytest.importorskip("math_verify")
+    from tmas.answer_rules import check_pair
+
+    # As a set "100, 60" is the list reading; "60, 60" is no set of it either, nor of its length in order.
+    assert check_pair("60,100", "100, 60", any_order=True).correct is True
+    assert check_pair("60,100", "60, 60", any_order=True).correct is False
+    assert check_pair("60,100", "60, 60").correct is False
 
 
 @pytest.mark.parametrize(
@@ -169,14 +200,42 @@ def test_the_list_a_reference_in_digit_groups_also_reads_as(reference: str, list
         ("60,100", "\\boxed{60,100}", True),
         ("60,100", "60, 100", True),
         ("9,737,333", "9737333", True),
-        ("60,100", "60101", None),
-        ("9,737,333", "9737334", None),
+        ("60,100", "60101", False),
+        ("60,100", "5", False),
+        ("60,100", "\\boxed{60099}", False),
+        ("60,100", "60, 101", False),
+        ("60,100", "\\boxed{60, 101}", False),
+        ("9,737,333", "9737334", False),
+        ("9,737,333", "9, 737, 334", False),
         ("60,100", "(60, 100)", None),
+        ("60,100", "100, 60", None),
+        ("60,100", "60, 100, 5", None),
+        ("60,100", "x+1", None),
         ("1,000", "999", False),
     ],
 )
 def test_the_live_check_reads_such_a_reference_as_the_rules_do(gold: str, pred: str, verdict: bool | None) -> None:
     assert exact_verdict(gold, pred) is verdict
+
+
+@pytest.mark.parametrize(
+    ("answer", "values"),
+    [
+        ("60,101", None),
+        ("60, 101", [60, 101]),
+        ("(60, 101)", [60, 101]),
+        ("\\left[60; -5\\right]", [60, -5]),
+        ("\\{1/2, 3\\}", [Fraction(1, 2), 3]),
+        ("60, 000", None),
+        ("1,000, 5", None),
+        ("60, x", None),
+        ("60", None),
+        ("(60, 101", None),
+    ],
+)
+def test_the_values_of_a_list_of_plain_numbers(answer: str, values: list[int | Fraction] | None) -> None:
+    # "60,101" and "60, 000" are one number in digit groups; "1,000, 5" may be a number's groups or a list's items.
+    assert plain_numbers(normalize_answer(answer)) == values
 
 
 @pytest.mark.parametrize("gold", ["60100", "60,100", "60, 100", "(60, 100)", "60", "60101", "60, 101"])

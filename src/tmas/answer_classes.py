@@ -44,6 +44,10 @@ _FRAC_DIGITS = re.compile(r"([+-]?)\\frac(\d)(\d)")
 # answer, whatever their value. Not the groups of a number written with separators (1,024 or 1{,}024), nor an exponent
 # (1e-05).
 _LEADING_ZEROS = re.compile(r"(?<![\d.,}eE])(?<![eE][+-])0\d")
+# The brackets a list may be written in, whole: parentheses, square brackets, set braces.
+_LIST_BRACKETS = re.compile(r"\((.*)\)|\[(.*)\]|\\\{(.*)\\\}")
+# What separates the items of a list: a comma or a semicolon (not LaTeX's thousands separator "{,}").
+_LIST_SEPARATOR = re.compile(r"(?<!\{)[,;]")
 
 
 class EquivalenceCheck(Protocol):
@@ -69,6 +73,21 @@ def plain_number(text: str) -> Fraction | None:
         return None
     value = Fraction(int(numerator), int(denominator))
     return -value if sign == "-" else value
+
+
+def plain_numbers(text: str) -> list[Fraction] | None:
+    """The values of ``text`` (a :func:`tmas.answers.normalize_answer` spelling) in order where it is a list of two or
+    more plain numbers (:func:`plain_number`) separated by commas or semicolons, in brackets or not: "60,101" spelt
+    from "60, 101", "(60,101)", "\\{1/2;3\\}". None for anything else: one number ("60,101" spelt from "60,101" is
+    60101), an item that is no plain number, or one written with leading zeros ("1,000,5" may be a number's groups)."""
+    brackets = _LIST_BRACKETS.fullmatch(text)
+    if brackets is not None:
+        text = next(group for group in brackets.groups() if group is not None)
+    items = _LIST_SEPARATOR.split(text)
+    if len(items) < 2 or any(has_leading_zeros(item) for item in items):
+        return None
+    values = [plain_number(item) for item in items]
+    return None if any(value is None for value in values) else [value for value in values if value is not None]
 
 
 def has_leading_zeros(text: str) -> bool:

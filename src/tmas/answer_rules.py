@@ -27,7 +27,7 @@ from multiprocessing.connection import Connection
 from types import TracebackType
 from typing import Any
 
-from tmas.answer_classes import has_leading_zeros, plain_number
+from tmas.answer_classes import has_leading_zeros, plain_number, plain_numbers
 from tmas.answers import list_reading, normalize_answer, ungrouped, without_punctuation_after_math
 from tmas.errors import TmasError
 
@@ -349,11 +349,25 @@ def check_pair(gold: str, pred: str, timeout_s: int | None = 5, any_order: bool 
 
 def _either_reading(number: str, listed: str, pred: str, timeout_s: int | None, any_order: bool) -> RuleVerdict:
     """The verdict on ``pred`` against a reference that reads both as a number in digit groups and as a list
-    ("60,100": 60100 or "60, 100"): right where it is either, else left to the judge, never wrong."""
+    ("60,100": 60100 or "60, 100"): right where it is either. Wrong where it is one plain number the number reading
+    finds wrong (one number is never a list of two or more: "5", "60099"), or a list of as many plain numbers as the
+    list reading has whose set of values is not that of its items (a list of two or more numbers is never one number;
+    in any order or as a set it still differs: "60, 101", "60, 60"). Anything else is left to the judge: a symbolic
+    answer, a list of another length, the reference's items in another order."""
+    verdicts: dict[str, RuleVerdict] = {}
     for reading, name in ((number, "number"), (listed, "list")):
         verdict = check_pair(reading, pred, timeout_s, any_order)
         if verdict.correct:
             return RuleVerdict(True, f"the reference read as a {name}: {verdict.detail}")
+        verdicts[name] = verdict
+    answer = normalize_answer(_clean(pred))
+    if plain_number(answer) is not None and verdicts["number"].correct is False:
+        return RuleVerdict(
+            False, f"one number, not the reference read as a number ({verdicts['number'].detail}) nor a list"
+        )
+    items, reference_items = plain_numbers(answer), plain_numbers(normalize_answer(listed))
+    if items and reference_items and len(items) == len(reference_items) and set(items) != set(reference_items):
+        return RuleVerdict(False, f"a list of {len(items)} numbers, not the reference's items nor one number")
     return RuleVerdict(None, "reference reads both as a number in digit groups and as a list: neither shown equal")
 
 

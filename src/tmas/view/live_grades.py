@@ -9,9 +9,10 @@ The exact check decides what it can decide at once and nothing more: the same an
 normalization majority vote uses, or two plain numbers (integers, decimals, scientific notation, fractions as ``a/b``
 or ``\\frac{a}{b}``: those votes key by their value) compared as rationals; a reference of digits with leading
 zeros ("017") only by its digits; a reference that reads both as a number in digit groups and as a list ("60,100")
-as right against either reading and undecided otherwise. Anything else (symbolic or textual answers) is left
-undecided for ``tmas report`` (Math-Verify and the LLM judge). Like ``tmas.answer_rules``, a "wrong" is only ever
-said between two numbers; an iteration that returned no answer at all is wrong.
+as right against either reading, wrong against one other plain number ("60101") or a list of as many plain numbers
+with other values than its items ("60, 101"), and undecided otherwise. Anything else (symbolic or textual answers)
+is left undecided for ``tmas report`` (Math-Verify and the LLM judge). Like ``tmas.answer_rules``, a "wrong" is only
+ever said between plain numbers; an iteration that returned no answer at all is wrong.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from dataclasses import dataclass, field
 from fractions import Fraction
 from functools import lru_cache
 
-from tmas.answer_classes import plain_number
+from tmas.answer_classes import plain_number, plain_numbers
 from tmas.answer_rules import leading_zeros
 from tmas.answers import last_boxed, list_reading, normalize_answer
 from tmas.grading.grades import SELECTED, Grades, ItemKey
@@ -41,12 +42,17 @@ def exact_number(answer: str) -> Fraction | None:
     """The exact rational an answer spells, or None when it is not a plain number: what votes read as one
     (:func:`tmas.answer_classes.plain_number`), boxed or named ("n = 12") or not, in digit groups ("1,000") or not
     (:func:`tmas.answers.ungrouped`: "3, 125" is a list)."""
-    text = normalize_answer(answer)
-    boxed = last_boxed(answer) if text.startswith("\\boxed") else None
-    text = normalize_answer(boxed) if boxed is not None else text
+    text = _unboxed(answer)
     named = _NAMED.fullmatch(text)
     text = named.group(1) if named else text
     return plain_number(text)
+
+
+def _unboxed(answer: str) -> str:
+    """The normalized spelling of ``answer``, of what its box holds where it is boxed."""
+    text = normalize_answer(answer)
+    boxed = last_boxed(answer) if text.startswith("\\boxed") else None
+    return normalize_answer(boxed) if boxed is not None else text
 
 
 @lru_cache(maxsize=100_000)
@@ -60,11 +66,25 @@ def exact_verdict(reference: str, answer: str | None) -> bool | None:
         return None
     gold, pred = exact_number(reference), exact_number(answer)
     listed = list_reading(reference)
-    if listed is not None:  # "60,100": the number 60100 or the list "60, 100", so never wrong
-        return True if normalize_answer(listed) == normalize_answer(answer) or gold == pred else None
+    if listed is not None:  # "60,100": the number 60100 or the list "60, 100"
+        return _either_reading(gold, listed, pred, answer)
     if gold is None or pred is None:
         return None
     return gold == pred
+
+
+def _either_reading(number: Fraction | None, listed: str, pred: Fraction | None, answer: str) -> bool | None:
+    """The verdict on ``answer`` against a reference read both as ``number`` and as the list ``listed``: right where it
+    is either; wrong where it is one other plain number (never a list of two or more), or a list of as many plain
+    numbers whose set of values is not that of the list's items (never one number); else undecided."""
+    if normalize_answer(listed) == normalize_answer(answer) or (pred is not None and pred == number):
+        return True
+    if pred is not None and number is not None:
+        return False
+    items, reference_items = plain_numbers(_unboxed(answer)), plain_numbers(normalize_answer(listed))
+    if items is None or reference_items is None or len(items) != len(reference_items):
+        return None
+    return False if set(items) != set(reference_items) else None
 
 
 @dataclass
