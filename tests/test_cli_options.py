@@ -3,6 +3,7 @@ each flag reaches the request bodies the simulated server receives and the setti
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -12,6 +13,7 @@ from typer.testing import CliRunner
 
 from conftest import isolate, run_tmas
 from tmas.agents.overrides import packaged_source
+from tmas.cli import main as cli
 from tmas.cli.main import app
 from tmas.cli.options import FLAG_KEYS, GROUP, ModelFlags
 from tmas.config import load_settings
@@ -115,6 +117,42 @@ def test_a_base_url_of_commas_in_the_environment_or_a_config_file_is_refused(tmp
         "http://a/v1",
         "http://b/v1",
     ]
+
+
+@pytest.mark.parametrize(
+    ("url", "said"),
+    [
+        ("http://", "'http://' names no host"),
+        ("http://:8000/v1", "'http://:8000/v1' names no host"),
+        ("http://127.0.0.1:99999/v1", "'http://127.0.0.1:99999/v1' is not a valid URL (Port out of range 0-65535)"),
+        ("http://gpu1:80a/v1", "'http://gpu1:80a/v1' is not a valid URL (Port could not be cast to integer value"),
+        ("http://[::1/v1", "'http://[::1/v1' is not a valid URL (Invalid IPv6 URL)"),
+        ("http://gpu 1:8000/v1", "'http://gpu 1:8000/v1' holds a space"),
+    ],
+)
+def test_a_base_url_no_connection_can_be_made_to_is_refused_before_the_run(
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+    tmp_path: Path,
+    sim: SimServer,
+    url: str,
+    said: str,
+) -> None:
+    # Before, 'http://' ended in a traceback at the first call, and a bad port or host was sent six times over and
+    # counted the problem failed.
+    isolate(monkeypatch, tmp_path)
+    monkeypatch.setattr(sys, "argv", ["tmas", *_command_args("run", tmp_path), "--base-url", url, "--yes"])
+    with pytest.raises(SystemExit) as exited:
+        cli.main()
+    assert exited.value.code == 2
+    [line] = capsys.readouterr().err.strip().splitlines()
+    assert line.startswith(f"tmas: error: bad value for --base-url: {said}")
+    assert not (tmp_path / "out").exists()
+    config = tmp_path / "cfg.toml"
+    config.write_text(f'[roles.judge]\nbase_url = "{url}"\n', encoding="utf-8")
+    with pytest.raises(ConfigError) as caught:
+        load_settings(config, environ={})
+    assert str(caught.value).startswith(f"{config}: bad value for 'roles.judge.base_url': {said}")
 
 
 @pytest.mark.parametrize("urls", ["", "   "])

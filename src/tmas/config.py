@@ -14,6 +14,7 @@ import tomllib
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Annotated, Any, Literal, Protocol, get_args, get_origin
+from urllib.parse import urlsplit
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
@@ -54,7 +55,24 @@ def _check_urls(urls: list[str]) -> list[str]:
     for url in urls:
         if not url.startswith(("http://", "https://")):
             raise ValueError(f"{url!r} is not an http(s) URL")
+        problem = _url_problem(url)
+        if problem is not None:
+            raise ValueError(f"{url!r} {problem}")
     return [url.rstrip("/") for url in urls]
+
+
+def _url_problem(url: str) -> str | None:
+    """What makes an http(s) URL one no connection can be made to (said before the run, not by each call), or None."""
+    if any(c.isspace() for c in url):
+        return "holds a space"
+    try:
+        parts = urlsplit(url)
+        parts.port  # noqa: B018 (read for its check: a port that is no number, or out of range, raises)
+    except ValueError as exc:  # an unclosed IPv6 bracket, a bad port
+        return f"is not a valid URL ({exc})"
+    if not parts.hostname:
+        return "names no host"
+    return None
 
 
 # An HTTP header name (RFC 9110 token).
