@@ -12,6 +12,7 @@ from typing import Any
 from tmas.config import Sampling
 from tmas.llm.types import CallKey, ChatRequest, Completion, TokenLogprob, Usage
 from tmas.store.database import transaction
+from tmas.store.records import stored_json
 from tmas.store.texts import Part, TextBlobs, blob_ids, join
 
 # The source stored for a seed the model drew where the call named none (Completion.drawn_seed).
@@ -28,9 +29,11 @@ _CALL_COLUMNS = (
 
 
 class CallLog:
-    def __init__(self, db: sqlite3.Connection, texts: TextBlobs) -> None:
+    def __init__(self, db: sqlite3.Connection, texts: TextBlobs, origin: str = "") -> None:
         self._db = db
         self._texts = texts
+        # The run directory, for a call that cannot be read.
+        self._origin = origin
 
     def record(self, completion: Completion, request: ChatRequest) -> int:
         """Commit a finished or failed call, its texts as parts (see tmas.store.texts); returns its row id."""
@@ -161,14 +164,18 @@ class CallLog:
             return []
         if row[1] is None:
             return list(json.loads(row[0]))
-        messages: list[tuple[str, list[Part]]] = json.loads(row[1])["messages"]
+        messages: list[tuple[str, list[Part]]] = self._parts(call_id, row[1])["messages"]
         texts = self._texts.load(i for _, parts in messages for i in blob_ids(parts))
         return [{"role": role, "content": join(parts, texts)} for role, parts in messages]
+
+    def _parts(self, call_id: int, stored: str) -> Any:
+        """A call's stored text parts (see tmas.store.texts)."""
+        return stored_json(stored, f"{self._origin}: call {call_id}: the stored record of its texts")
 
     def _completion(self, row: tuple[Any, ...]) -> Completion:
         content, reasoning, logprobs = row[8], row[9], row[21]
         if row[24] is not None:
-            parts = json.loads(row[24])
+            parts = self._parts(row[0], row[24])
             texts = self._texts.load(i for key in _REPLY_TEXTS for i in blob_ids(parts[key] or ()))
             content, reasoning = join(parts["content"], texts), join(parts["reasoning"], texts)
             logprobs = None if parts["logprobs"] is None else join(parts["logprobs"], texts)

@@ -8,11 +8,14 @@ from collections.abc import Iterable, Iterator
 
 from tmas.problems import Problem
 from tmas.store.database import transaction
+from tmas.store.records import stored_json
 
 
 class ProblemTable:
-    def __init__(self, db: sqlite3.Connection) -> None:
+    def __init__(self, db: sqlite3.Connection, origin: str = "") -> None:
         self._db = db
+        # The run directory, for a problem that cannot be read.
+        self._origin = origin
 
     def add(self, problems: Iterable[Problem]) -> int:
         """Record the run's problems in one transaction, consuming ``problems`` one at a time (a file is streamed,
@@ -41,7 +44,7 @@ class ProblemTable:
                 (last, batch),
             ).fetchall()
             for r in rows:
-                yield Problem(problem_id=r[1], question=r[2], answer=r[3], metadata=json.loads(r[4]))
+                yield self._problem(r[1], r[2], r[3], r[4])
             if len(rows) < batch:
                 return
             last = rows[-1][0]
@@ -51,7 +54,11 @@ class ProblemTable:
         r = self._db.execute(
             "SELECT problem_id, question, answer, metadata FROM problems WHERE problem_id = ?", (problem_id,)
         ).fetchone()
-        return None if r is None else Problem(problem_id=r[0], question=r[1], answer=r[2], metadata=json.loads(r[3]))
+        return None if r is None else self._problem(*r)
+
+    def _problem(self, problem_id: str, question: str, answer: str | None, metadata: str) -> Problem:
+        where = f"{self._origin}: problem {problem_id!r}: its stored metadata"
+        return Problem(problem_id=problem_id, question=question, answer=answer, metadata=stored_json(metadata, where))
 
     def any_labeled(self) -> bool:
         """Whether any problem has a reference answer (one short query: none is read)."""

@@ -311,6 +311,16 @@ class UnreadableRecord(TmasError, ValueError):
 _Record = TypeVar("_Record", ProblemResult, IterationRecord)
 
 
+def stored_json(stored: str | bytes, where: str, what: str = "") -> Any:
+    """A stored JSON value that is no record (a setting, a problem's metadata, a call's texts), as ``json.loads``
+    reads it; one edited into something that is not JSON is an :class:`UnreadableRecord`: ``where`` "is not JSON",
+    then ``what`` and JSON's own words."""
+    try:
+        return json.loads(stored)
+    except json.JSONDecodeError as exc:
+        raise UnreadableRecord(f"{where} is not JSON ({what}{exc.msg} at character {exc.pos})") from None
+
+
 def _read(model: type[_Record], stored: str | bytes, where: str) -> _Record:
     try:
         return model.model_validate(json.loads(stored))

@@ -103,22 +103,33 @@ class ResultTable:
         if fingerprint is None:
             rows = self._db.execute("SELECT problem_id FROM results WHERE status = 'done'").fetchall()
         else:
-            rows = self._db.execute(
+            rows = self._read_json(
                 "SELECT problem_id FROM results WHERE status = 'done' AND json_extract(record, '$.fingerprint') = ?",
-                (fingerprint,),
-            ).fetchall()
+                fingerprint,
+            )
         return {r[0] for r in rows}
 
     def settled_ids(self, fingerprint: str) -> set[str]:
         """Problems finished with ``fingerprint`` and without a call that failed (after its retries): those a
         resumed run leaves as they are. A finished problem with a failed call is solved again, replaying its
         replied calls and asking only the failed ones (and what depends on them)."""
-        rows = self._db.execute(
+        rows = self._read_json(
             "SELECT problem_id FROM results WHERE status = 'done' AND json_extract(record, '$.fingerprint') = ?"
             " AND COALESCE(json_extract(record, '$.failed_calls'), 0) = 0",
-            (fingerprint,),
-        ).fetchall()
+            fingerprint,
+        )
         return {r[0] for r in rows}
+
+    def _read_json(self, query: str, *args: object) -> list[tuple[str]]:
+        """The rows of a query that reads into the records (SQLite's JSON functions): a record edited into something
+        that is not JSON is named as a reader of the record names it, not in SQLite's words ("malformed JSON")."""
+        try:
+            return self._db.execute(query, args).fetchall()
+        except sqlite3.OperationalError:
+            bad = self._db.execute("SELECT problem_id, record FROM results WHERE NOT json_valid(record) LIMIT 1")
+            for pid, record in bad.fetchall():
+                read_result(record, self._where(pid))
+            raise
 
     def in_order(self) -> list[ProblemResult]:
         rows = self._db.execute(

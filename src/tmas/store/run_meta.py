@@ -8,7 +8,8 @@ import time
 from typing import Any
 
 from tmas.llm.types import DOWNGRADES, DowngradeKind, ServerFindings
-from tmas.store.database import read_meta, write_meta
+from tmas.store.database import write_meta
+from tmas.store.records import stored_json
 
 
 def downgrade_where(url: str, model: str | None) -> str:
@@ -18,14 +19,17 @@ def downgrade_where(url: str, model: str | None) -> str:
 
 
 class RunMeta:
-    def __init__(self, db: sqlite3.Connection) -> None:
+    def __init__(self, db: sqlite3.Connection, origin: str = "") -> None:
         self._db = db
+        # The run directory, for a value that cannot be read.
+        self._origin = origin
 
     def set(self, key: str, value: Any) -> None:
         write_meta(self._db, key, value)
 
     def get(self, key: str) -> Any:
-        return read_meta(self._db, key)
+        row = self._db.execute("SELECT value FROM meta WHERE key = ?", (key,)).fetchone()
+        return None if row is None else stored_json(row[0], f"{self._origin}: a stored setting", f"{key!r}: ")
 
     def record_downgrade(
         self, kind: DowngradeKind, endpoint: str, role: str, message: str, model: str | None = None

@@ -73,9 +73,9 @@ class RunStore:
             self._db = open_read_only(self.path)
         else:
             self._db, migrate = open_writable(self.path)
-        self._meta = RunMeta(self._db)
-        self._problems = ProblemTable(self._db)
-        self._call_log = CallLog(self._db, TextBlobs(self._db))
+        self._meta = RunMeta(self._db, str(self.run_dir))
+        self._problems = ProblemTable(self._db, str(self.run_dir))
+        self._call_log = CallLog(self._db, TextBlobs(self._db), str(self.run_dir))
         self._call_stats = CallStats(self._db)
         self._iterations = IterationTable(self._db, str(self.run_dir))
         self._results = ResultTable(self._db, str(self.run_dir))

@@ -134,7 +134,7 @@ class Viewer:
             except StoreError:
                 continue  # a run still being created, or not ours: listed once it can be read
             except UNREADABLE as exc:
-                unreadable.append((ref, _one_line(exc)))
+                unreadable.append((ref, _one_line(exc).removeprefix(f"{ref.path}: ")))
         return self._page("index.html", runs=runs, unreadable=unreadable)
 
     def run(self, request: Request) -> Response:

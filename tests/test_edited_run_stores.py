@@ -1,0 +1,110 @@
+"""A run directory whose store was edited by hand (a value that is no longer JSON) is said by every command that reads
+it in one line naming the run and what of it cannot be read (the setting, the problem, the call, the result), never
+a traceback; the command writes nothing into it."""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+import sys
+from pathlib import Path
+
+import pytest
+
+from conftest import isolate
+from tmas.cli import main as cli
+from tmas.testing import SimServer
+
+
+def tmas_line(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, str]:
+    """The exit code and last line on stderr of ``tmas ARGS``, run in this process as the command line runs it."""
+    monkeypatch.setattr(sys, "argv", ["tmas", *args])
+    with pytest.raises(SystemExit) as exited:
+        cli.main()
+    err = capsys.readouterr().err
+    assert "Traceback" not in err
+    code = exited.value.code
+    return (code if isinstance(code, int) else 0), err.strip().splitlines()[-1]
+
+
+def finished_run(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], tmp_path: Path, sim: SimServer
+) -> Path:
+    """A finished run of two problems (p0, p1), each solved with one call."""
+    isolate(monkeypatch, tmp_path)
+    problems = tmp_path / "p.jsonl"
+    lines = [json.dumps({"problem_id": f"p{i}", "question": f"What is {i + 2}*7?", "answer": str((i + 2) * 7)})
+             for i in range(2)]  # fmt: skip
+    problems.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    run = tmp_path / "run"
+    code, _ = tmas_line(monkeypatch, capsys, "run", str(problems), "-o", str(run), "-m", "cot",
+                        "--base-url", sim.base_url, "--yes")  # fmt: skip
+    assert code == 0
+    return run
+
+
+def edit(run: Path, sql: str) -> None:
+    db = sqlite3.connect(run / "run.sqlite")
+    db.executescript(sql)
+    db.close()
+
+
+def test_a_stored_setting_that_is_not_json_is_named(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], tmp_path: Path, sim: SimServer
+) -> None:
+    # Before, report and resume ended in json's traceback.
+    run = finished_run(monkeypatch, capsys, tmp_path, sim)
+    edit(run, "UPDATE meta SET value = substr(value, 1, 40) WHERE key = 'settings'")
+    said = f"tmas: error: {run}: a stored setting is not JSON ('settings': "
+    for args in (
+        ["report", str(run), "-o", str(tmp_path / "report"), "--grade", "rules"],
+        ["run", "--resume", str(run), "--yes"],
+    ):
+        code, line = tmas_line(monkeypatch, capsys, *args)
+        assert code == 2 and line.startswith(said), line
+    assert sim.stats().total_requests == 2
+
+
+def test_a_stored_problem_whose_metadata_is_not_json_is_named(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], tmp_path: Path, sim: SimServer
+) -> None:
+    # Before, report and resume ended in json's traceback.
+    run = finished_run(monkeypatch, capsys, tmp_path, sim)
+    edit(run, "UPDATE problems SET metadata = '{bad' WHERE problem_id = 'p1'")
+    said = f"tmas: error: {run}: problem 'p1': its stored metadata is not JSON ("
+    for args in (
+        ["report", str(run), "-o", str(tmp_path / "report"), "--grade", "rules"],
+        ["run", "--resume", str(run), "--yes"],
+    ):
+        code, line = tmas_line(monkeypatch, capsys, *args)
+        assert code == 2 and line.startswith(said), line
+    assert sim.stats().total_requests == 2
+
+
+def test_a_stored_call_whose_texts_are_not_json_is_named(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], tmp_path: Path, sim: SimServer
+) -> None:
+    # Before, 'tmas export --calls' ended in json's traceback, and a resume that replayed the call failed its problem
+    # with json's words alone ("JSONDecodeError: Expecting value: line 1 column 31 (char 30)").
+    run = finished_run(monkeypatch, capsys, tmp_path, sim)
+    db = sqlite3.connect(run / "run.sqlite")
+    [(call,)] = db.execute("SELECT id FROM calls WHERE problem_id = 'p1'").fetchall()
+    db.close()
+    edit(run, f"UPDATE calls SET text_parts = substr(text_parts, 1, 30) WHERE id = {call}")
+    said = f"{run}: call {call}: the stored record of its texts is not JSON ("
+    code, line = tmas_line(monkeypatch, capsys, "export", str(run), "--calls")
+    assert code == 2 and line.startswith(f"tmas: error: {said}"), line
+    edit(run, "DELETE FROM results WHERE problem_id = 'p1'")
+    code, line = tmas_line(monkeypatch, capsys, "run", "--resume", str(run), "--yes")
+    assert code == 3 and said in line, line
+
+
+def test_a_stored_result_that_is_not_json_is_named_by_a_resume(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], tmp_path: Path, sim: SimServer
+) -> None:
+    # Before: "tmas: error: a run store could not be read: malformed JSON" (SQLite's words: which run, which record?).
+    run = finished_run(monkeypatch, capsys, tmp_path, sim)
+    edit(run, "UPDATE results SET record = substr(record, 1, 50) WHERE problem_id = 'p0'")
+    code, line = tmas_line(monkeypatch, capsys, "run", "--resume", str(run), "--yes")
+    assert code == 2 and line.startswith(f"tmas: error: {run}: the result of problem 'p0': not JSON ("), line
+    assert sim.stats().total_requests == 2
