@@ -108,3 +108,16 @@ def test_a_stored_result_that_is_not_json_is_named_by_a_resume(
     code, line = tmas_line(monkeypatch, capsys, "run", "--resume", str(run), "--yes")
     assert code == 2 and line.startswith(f"tmas: error: {run}: the result of problem 'p0': not JSON ("), line
     assert sim.stats().total_requests == 2
+
+
+def test_a_stored_schema_version_that_is_not_json_is_named(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], tmp_path: Path, sim: SimServer
+) -> None:
+    # Before, every command that opened the store ended in json's traceback.
+    run = finished_run(monkeypatch, capsys, tmp_path, sim)
+    edit(run, "UPDATE meta SET value = 'x' WHERE key = 'schema_version'")
+    said = f"tmas: error: {run / 'run.sqlite'}: not a readable run store (its schema version is not JSON: "
+    for args in (["export", str(run)], ["run", "--resume", str(run), "--yes"]):
+        code, line = tmas_line(monkeypatch, capsys, *args)
+        assert code == 2 and line.startswith(said), line
+    assert sim.stats().total_requests == 2

@@ -171,7 +171,7 @@ def open_read_only(path: Path) -> sqlite3.Connection:
     db = sqlite3.connect(f"{path.resolve().as_uri()}?mode=ro", uri=True, check_same_thread=False)
     db.execute("PRAGMA busy_timeout=10000")
     tables = _tables(db, path)
-    version = read_meta(db, "schema_version") if "meta" in tables else None  # None: its schema not written yet
+    version = _schema_version(db, path) if "meta" in tables else None  # None: its schema not written yet
     if version not in READABLE_SCHEMAS:
         db.close()
         error = StoreError if version is None else UnknownSchema
@@ -191,7 +191,7 @@ def open_writable(path: Path) -> tuple[sqlite3.Connection, bool]:
     # A damaged file, or another program's database, is said so, and nothing is written into the latter.
     tables = _tables(db, path)
     # A store of a schema this tmas does not know (a newer tmas's) is refused before anything is written into it.
-    version = read_meta(db, "schema_version") if tables else None
+    version = _schema_version(db, path) if tables else None
     if version is not None and version not in READABLE_SCHEMAS:
         db.close()
         raise UnknownSchema(_unknown_schema(path, version))
@@ -224,6 +224,16 @@ def _tables(db: sqlite3.Connection, path: Path) -> set[str]:
         db.close()
         raise StoreError(f"{path}: a database, but not a tmas run store (it has no meta table)")
     return tables
+
+
+def _schema_version(db: sqlite3.Connection, path: Path) -> Any:
+    """The schema version the store at ``path`` records (None: not written yet); :class:`DamagedStore` (``db``
+    closed) for one edited into something that is not JSON."""
+    try:
+        return read_meta(db, "schema_version")
+    except json.JSONDecodeError as exc:
+        db.close()
+        raise DamagedStore(f"{path}: not a readable run store (its schema version is not JSON: {exc.msg})") from None
 
 
 def _unknown_schema(path: Path, version: Any) -> str:
