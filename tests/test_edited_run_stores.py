@@ -81,8 +81,21 @@ def test_a_stored_problem_whose_metadata_is_not_json_is_named(
     assert sim.stats().total_requests == 2
 
 
-def test_a_stored_call_whose_texts_are_not_json_is_named(
-    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], tmp_path: Path, sim: SimServer
+# A report reads no call's texts, and every call's retry causes (its cost table counts them); a resume that replays
+# the call fails its problem (exit 3), and one that counts the retry causes stops (exit 2).
+@pytest.mark.parametrize(
+    ("column", "value", "reported", "resumed"),
+    [("text_parts", "substr(text_parts, 1, 30)", True, 3), ("retry_causes", "'['", False, 2)],
+)
+def test_a_stored_call_whose_json_column_is_not_json_is_named(
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+    tmp_path: Path,
+    sim: SimServer,
+    column: str,
+    value: str,
+    reported: bool,
+    resumed: int,
 ) -> None:
     # Before, 'tmas export --calls' ended in json's traceback, and a resume that replayed the call failed its problem
     # with json's words alone ("JSONDecodeError: Expecting value: line 1 column 31 (char 30)").
@@ -90,13 +103,15 @@ def test_a_stored_call_whose_texts_are_not_json_is_named(
     db = sqlite3.connect(run / "run.sqlite")
     [(call,)] = db.execute("SELECT id FROM calls WHERE problem_id = 'p1'").fetchall()
     db.close()
-    edit(run, f"UPDATE calls SET text_parts = substr(text_parts, 1, 30) WHERE id = {call}")
-    said = f"{run}: call {call}: the stored record of its texts is not JSON ("
+    edit(run, f"UPDATE calls SET {column} = {value} WHERE id = {call}")
+    said = f"{run}: call {call}: its stored {column} is not JSON ("
     code, line = tmas_line(monkeypatch, capsys, "export", str(run), "--calls")
     assert code == 2 and line.startswith(f"tmas: error: {said}"), line
+    code, line = tmas_line(monkeypatch, capsys, "report", str(run), "-o", str(tmp_path / "report"), "--grade", "rules")
+    assert (code, line.startswith(f"tmas: error: {said}")) == ((0, False) if reported else (2, True)), line
     edit(run, "DELETE FROM results WHERE problem_id = 'p1'")
     code, line = tmas_line(monkeypatch, capsys, "run", "--resume", str(run), "--yes")
-    assert code == 3 and said in line, line
+    assert code == resumed and said in line, line
 
 
 def test_a_stored_result_that_is_not_json_is_named_by_a_resume(

@@ -150,32 +150,32 @@ class CallLog:
 
     def sampling(self, call_id: int) -> dict[str, Any]:
         row = self._db.execute("SELECT sampling FROM calls WHERE id = ?", (call_id,)).fetchone()
-        return {} if row is None else dict(json.loads(row[0]))
+        return {} if row is None else dict(self._json(call_id, "sampling", row[0]))
 
     def sampling_sources(self, call_id: int) -> dict[str, str] | None:
         """Which source set each field of the call's sampling (see tmas.llm.sampling); None for calls stored
         before sources were kept."""
         row = self._db.execute("SELECT sampling_sources FROM calls WHERE id = ?", (call_id,)).fetchone()
-        return None if row is None or row[0] is None else dict(json.loads(row[0]))
+        return None if row is None or row[0] is None else dict(self._json(call_id, "sampling_sources", row[0]))
 
     def messages(self, call_id: int) -> list[dict[str, str]]:
         row = self._db.execute("SELECT messages, text_parts FROM calls WHERE id = ?", (call_id,)).fetchone()
         if row is None:
             return []
         if row[1] is None:
-            return list(json.loads(row[0]))
-        messages: list[tuple[str, list[Part]]] = self._parts(call_id, row[1])["messages"]
+            return list(self._json(call_id, "messages", row[0]))
+        messages: list[tuple[str, list[Part]]] = self._json(call_id, "text_parts", row[1])["messages"]
         texts = self._texts.load(i for _, parts in messages for i in blob_ids(parts))
         return [{"role": role, "content": join(parts, texts)} for role, parts in messages]
 
-    def _parts(self, call_id: int, stored: str) -> Any:
-        """A call's stored text parts (see tmas.store.texts)."""
-        return stored_json(stored, f"{self._origin}: call {call_id}: the stored record of its texts")
+    def _json(self, call_id: int, column: str, stored: str) -> Any:
+        """A JSON column of a stored call, one edited into something that is not JSON named by the call and column."""
+        return stored_json(stored, f"{self._origin}: call {call_id}: its stored {column}")
 
     def _completion(self, row: tuple[Any, ...]) -> Completion:
         content, reasoning, logprobs = row[8], row[9], row[21]
         if row[24] is not None:
-            parts = self._parts(row[0], row[24])
+            parts = self._json(row[0], "text_parts", row[24])
             texts = self._texts.load(i for key in _REPLY_TEXTS for i in blob_ids(parts[key] or ()))
             content, reasoning = join(parts["content"], texts), join(parts["reasoning"], texts)
             logprobs = None if parts["logprobs"] is None else join(parts["logprobs"], texts)
@@ -200,8 +200,10 @@ class CallLog:
             attempts=row[17],
             error=row[18],
             error_cause=row[19],
-            retry_causes=json.loads(row[20]),
-            logprobs=None if logprobs is None else [TokenLogprob.model_validate(t) for t in json.loads(logprobs)],
+            retry_causes=self._json(row[0], "retry_causes", row[20]),
+            logprobs=None
+            if logprobs is None
+            else [TokenLogprob.model_validate(t) for t in self._json(row[0], "logprobs", logprobs)],
             stopped_early=row[23],
             queued_s=row[25],
             first_token_s=row[26],

@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-import json
 import sqlite3
 from dataclasses import dataclass, field
 
 from tmas.llm.types import Usage
+from tmas.store.records import stored_json
 
 # A failed call that was asked again (a resume asks every call that failed once more: the store never replays a
 # failure) is the run's history: it spent what the server generated for it, but it is no failure of the run, whose
@@ -46,8 +46,10 @@ class Spent:
 
 
 class CallStats:
-    def __init__(self, db: sqlite3.Connection) -> None:
+    def __init__(self, db: sqlite3.Connection, origin: str = "") -> None:
         self._db = db
+        # The run directory, for a call that cannot be read.
+        self._origin = origin
 
     def _failures(self, where: str = "", args: tuple[str, ...] = ()) -> list[_Failure]:
         """The failed calls (of those ``where`` names), each with whether it was asked again: read one by one, as
@@ -244,8 +246,9 @@ class CallStats:
             into[f.cause] = into.get(f.cause, 0) + 1
         retried: dict[str, int] = {}
         # Most calls have no retry: only the others are read and decoded.
-        for (raw,) in self._db.execute(f"SELECT retry_causes FROM calls WHERE retry_causes != '[]'{where}", args):
-            for cause in json.loads(raw):
+        query = f"SELECT id, retry_causes FROM calls WHERE retry_causes != '[]'{where}"
+        for call_id, raw in self._db.execute(query, args).fetchall():
+            for cause in stored_json(raw, f"{self._origin}: call {call_id}: its stored retry_causes"):
                 retried[cause] = retried.get(cause, 0) + 1
         return {
             "failed": dict(sorted(failed.items())),
