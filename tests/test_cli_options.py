@@ -634,3 +634,30 @@ def test_what_the_working_directorys_config_file_gets_wrong_is_said_of_it(
         fixed = ["-m", "cot"] if "tmass" in toml else ["-T", "2"]
         args = ["solve", "What is 2+2?", "--base-url", "http://127.0.0.1:9/v1", "--dry-run", *fixed]
         assert CliRunner().invoke(app, args).exit_code == 0
+
+
+@pytest.mark.parametrize(
+    ("method", "values"),
+    [
+        ("majority", "'vote', 'confidence_vote' or 'filtered_vote'"),
+        ("tmas", "'best_score', 'vote', 'score_weighted_vote', 'confidence_vote' or 'filtered_vote'"),
+    ],
+)
+def test_a_select_rule_it_does_not_know_is_said_with_every_rule_the_method_takes(
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+    tmp_path: Path,
+    sim: SimServer,
+    method: str,
+    values: str,
+) -> None:
+    # Before, the first rule set of the parameter's type alone, under pydantic's name for it: "bad value (Input should
+    # be 'vote') for \"select.literal['vote']\"", as though majority took no confidence rule.
+    isolate(monkeypatch, tmp_path)
+    args = ["solve", "What is 17*23?", "-m", method, "-p", "select=bogus", "--base-url", sim.base_url, "--dry-run"]
+    monkeypatch.setattr(sys, "argv", ["tmas", *args])
+    with pytest.raises(SystemExit) as exited:
+        cli.main()
+    assert exited.value.code == 2
+    [line] = capsys.readouterr().err.strip().splitlines()
+    assert line == f"tmas: error: method {method!r}: bad value (Input should be {values}) for 'select'"

@@ -16,6 +16,7 @@ import importlib
 import importlib.metadata
 import inspect
 import pkgutil
+import re
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -221,11 +222,19 @@ def create_method(name: str, params: dict[str, Any] | None = None, *, embedded: 
 
 def params_error(cls: type[Method[Any]], exc: ValidationError) -> str:
     """The first problem of parameters ``cls`` refused, in one line naming the method and the parameter."""
-    err = exc.errors()[0]
+    errors = exc.errors()
+    err = errors[0]
     loc = ".".join(str(p) for p in err["loc"])
     if err["type"] == "extra_forbidden":
         return f"method {cls.name!r}: unknown parameter {loc!r} ({_known_params(cls, loc)})"
     msg = str(err["msg"]).removeprefix("Value error, ")
+    # A value of a union of literals (select: a selection rule or a confidence rule): pydantic says each member's
+    # values apart, under a name of the member's own; said as one list, of the parameter.
+    members = [e for e in errors if e["loc"][:1] == err["loc"][:1]]
+    if len(members) > 1 and all(e["type"] == "literal_error" for e in members):
+        values = [v for e in members for v in re.findall(r"'[^']*'", str(e.get("ctx", {}).get("expected", "")))]
+        msg = f"Input should be {', '.join(values[:-1])} or {values[-1]}" if len(values) > 1 else msg
+        loc = str(err["loc"][0])
     if not loc:  # a check of the parameters together: its message names them
         return f"method {cls.name!r}: {msg}"
     return f"method {cls.name!r}: bad value ({msg}) for {loc!r}"
