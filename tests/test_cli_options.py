@@ -661,3 +661,18 @@ def test_a_select_rule_it_does_not_know_is_said_with_every_rule_the_method_takes
     assert exited.value.code == 2
     [line] = capsys.readouterr().err.strip().splitlines()
     assert line == f"tmas: error: method {method!r}: bad value (Input should be {values}) for 'select'"
+
+
+@pytest.mark.parametrize("value", ['{"temperature": 0.3,}', "[1, 2"])
+def test_a_param_value_that_is_broken_json_is_said_so(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], tmp_path: Path, sim: SimServer, value: str
+) -> None:
+    # Before, it was taken as text, and the method said only that it wanted a dictionary (or a list) there.
+    isolate(monkeypatch, tmp_path)
+    args = ["solve", "What is 17*23?", "-p", f"sampling={value}", "--base-url", sim.base_url, "--dry-run"]
+    monkeypatch.setattr(sys, "argv", ["tmas", *args])
+    with pytest.raises(SystemExit) as exited:
+        cli.main()
+    assert exited.value.code == 2
+    [line] = capsys.readouterr().err.strip().splitlines()
+    assert line.startswith(f"tmas: error: --param sampling: {value!r} is not valid JSON ("), line

@@ -334,11 +334,14 @@ def option_group(group: type[Any], parameter: str) -> Callable[[F], F]:
 model_options = option_group(ModelFlags, "flags")
 
 
-def _param_value(raw: str) -> Any:
-    """A parameter's value as given on the command line: JSON, else the text itself."""
+def _param_value(given: str, raw: str) -> Any:
+    """A parameter's value as given on the command line (by ``given``: ``--param KEY``, a flag): JSON, else the text
+    itself; one that begins as a JSON object or list does (``{...}``, ``[...]``) must be one, or it is said so."""
     try:
         return json.loads(raw)
-    except ValueError:
+    except json.JSONDecodeError as exc:
+        if raw.lstrip().startswith(("{", "[")):
+            raise InputError(f"{given}: {raw!r} is not valid JSON ({exc.msg} at column {exc.colno})") from None
         return raw
 
 
@@ -351,7 +354,7 @@ def parse_params(items: list[str] | None) -> dict[str, Any]:
             raise InputError(f"--param {item!r}: expected KEY=VALUE")
         if key.strip() in params:  # the later one would win without a word
             raise InputError(f"--param {key.strip()} is given twice: give it once")
-        params[key.strip()] = _param_value(raw)
+        params[key.strip()] = _param_value(f"--param {key.strip()}", raw)
     return params
 
 
@@ -473,7 +476,7 @@ def method_options(command: F) -> F:
             if flag in switches and value:
                 given[flag] = True
             elif flag not in switches and value is not None:
-                given[flag] = _param_value(value)
+                given[flag] = _param_value(flag, value)
         return MethodFlags(values.get("param"), values.get("iterations"), given)
 
     return with_options("given", added, build)(command)
