@@ -136,3 +136,28 @@ def test_a_stored_schema_version_that_is_not_json_is_named(
         code, line = tmas_line(monkeypatch, capsys, *args)
         assert code == 2 and line.startswith(said), line
     assert sim.stats().total_requests == 2
+
+
+def test_a_store_damaged_past_its_opening_checks_is_named(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], tmp_path: Path, sim: SimServer
+) -> None:
+    # The page of the calls table overwritten (a disk's damage): the store opens, and the first read of its calls
+    # fails. Before: "tmas: error: a run store could not be read: database disk image is malformed" (which run?).
+    run = finished_run(monkeypatch, capsys, tmp_path, sim)
+    db = sqlite3.connect(run / "run.sqlite")
+    [(page,)] = db.execute("SELECT rootpage FROM sqlite_master WHERE name = 'calls'").fetchall()
+    [(size,)] = db.execute("PRAGMA page_size").fetchall()
+    db.close()
+    assert not (run / "run.sqlite-wal").exists() or (run / "run.sqlite-wal").stat().st_size == 0
+    with (run / "run.sqlite").open("r+b") as store:
+        store.seek((page - 1) * size)
+        store.write(b"\xff" * size)
+    said = f"tmas: error: {run / 'run.sqlite'}: not a readable run store (database disk image is malformed)"
+    for args in (
+        ["report", str(run), "-o", str(tmp_path / "report"), "--grade", "rules"],
+        ["run", "--resume", str(run), "--yes"],
+        ["export", str(run), "--calls"],
+    ):
+        code, line = tmas_line(monkeypatch, capsys, *args)
+        assert (code, line) == (2, said)
+    assert sim.stats().total_requests == 2

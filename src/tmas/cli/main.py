@@ -961,7 +961,13 @@ def main() -> None:
         typer.echo(f"tmas: error: {exc}", err=True)
         sys.exit(exc.exit_code)
     except sqlite3.DatabaseError as exc:
-        # A run store damaged past what its opening checks.
+        # A run store damaged past what its opening checks: named where the error says which it was.
+        from tmas.store.run_store import DamagedStore, damaged_store
+
+        store = damaged_store(exc)
+        if store is not None:
+            typer.echo(f"tmas: error: {store}: not a readable run store ({exc})", err=True)
+            sys.exit(DamagedStore.exit_code)
         typer.echo(f"tmas: error: a run store could not be read: {exc}", err=True)
         sys.exit(1)
     except OSError as exc:

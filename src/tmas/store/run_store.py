@@ -18,6 +18,7 @@ The methods are synchronous on purpose: each is one small local transaction (ten
 
 from __future__ import annotations
 
+import sqlite3
 from collections.abc import Collection, Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
@@ -47,6 +48,17 @@ from tmas.store.run_meta import RunMeta
 from tmas.store.texts import TextBlobs
 
 __all__ = ["DB_NAME", "SCHEMA_VERSION", "DamagedStore", "GradeRow", "RunStore", "Spent", "StoreError", "UnknownSchema"]
+
+
+# The attribute of an SQLite error that names the store it was read from (see damaged_store).
+_DAMAGED = "tmas_damaged_store"
+
+
+def damaged_store(exc: BaseException) -> Path | None:
+    """The store whose damage ``exc`` met (an SQLite error raised in a ``with RunStore(...)`` block, a page the
+    opening checks do not read: "database disk image is malformed"), or None."""
+    found = getattr(exc, _DAMAGED, None)
+    return found if isinstance(found, Path) else None
 
 
 # A sweep directory's manifest, and its folder of one run directory per point (tmas.sweep).
@@ -102,7 +114,10 @@ class RunStore:
     def __enter__(self) -> RunStore:
         return self
 
-    def __exit__(self, *exc: object) -> None:
+    def __exit__(self, kind: object, exc: BaseException | None, tb: object) -> None:
+        if isinstance(exc, sqlite3.DatabaseError) and not isinstance(exc, sqlite3.OperationalError):
+            # A page damaged past what opening the store checks: the error carries which store it was read from.
+            setattr(exc, _DAMAGED, getattr(exc, _DAMAGED, self.path))
         self.close()
 
     # ---- meta, and what the run learnt of its endpoints (RunMeta) ---------------------------------------------
