@@ -290,7 +290,10 @@ async def list_models(url: str, api_key: str | None = None) -> list[str]:
             text = await resp.text(errors="replace")
             if resp.status != 200:
                 raise LLMError(f"HTTP {resp.status}: {error_message(text)}")
-            data = json.loads(text)
+            try:
+                data = json.loads(text)
+            except ValueError:  # a proxy's page, a web server that is no API
+                raise LLMError(f"HTTP 200, but not a JSON list of models: {error_message(text)}") from None
     except aiohttp.ClientSSLError as exc:
         raise LLMError(failures.tls_failure(exc)) from None
     except aiohttp.ClientConnectorError as exc:
