@@ -5,6 +5,7 @@ a traceback; the command writes nothing into it."""
 from __future__ import annotations
 
 import json
+import re
 import sqlite3
 import sys
 from pathlib import Path
@@ -161,3 +162,22 @@ def test_a_store_damaged_past_its_opening_checks_is_named(
         code, line = tmas_line(monkeypatch, capsys, *args)
         assert (code, line) == (2, said)
     assert sim.stats().total_requests == 2
+
+
+@pytest.mark.parametrize(
+    ("sql", "said"),
+    [("UPDATE blobs SET data = x'00112233'", "cannot be read (ZstdError: "), ("DELETE FROM blobs", "is missing")],
+)
+def test_a_stored_text_that_cannot_be_read_is_named(
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+    tmp_path: Path,
+    sim: SimServer,
+    sql: str,
+    said: str,
+) -> None:
+    # Before, 'tmas export --calls' ended in zstandard's traceback, or in a KeyError's.
+    run = finished_run(monkeypatch, capsys, tmp_path, sim)
+    edit(run, sql)
+    code, line = tmas_line(monkeypatch, capsys, "export", str(run), "--calls")
+    assert code == 2 and re.fullmatch(rf"tmas: error: {re.escape(str(run))}: stored text \d+ {re.escape(said)}.*", line)

@@ -87,7 +87,7 @@ class RunStore:
             self._db, migrate = open_writable(self.path)
         self._meta = RunMeta(self._db, str(self.run_dir))
         self._problems = ProblemTable(self._db, str(self.run_dir))
-        self._call_log = CallLog(self._db, TextBlobs(self._db), str(self.run_dir))
+        self._call_log = CallLog(self._db, TextBlobs(self._db, str(self.run_dir)), str(self.run_dir))
         self._call_stats = CallStats(self._db, str(self.run_dir))
         self._iterations = IterationTable(self._db, str(self.run_dir))
         self._results = ResultTable(self._db, str(self.run_dir))

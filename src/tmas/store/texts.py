@@ -17,6 +17,8 @@ from collections.abc import Iterable
 
 import zstandard
 
+from tmas.store.records import UnreadableRecord
+
 # One part: a blob id, or a piece short enough to keep inline (a blob row and its hash cost about this much).
 Part = int | str
 INLINE_BELOW = 64
@@ -61,8 +63,10 @@ def pieces(text: str) -> list[str]:
 class TextBlobs:
     """Writes and reads texts as parts over the store's connection (writes join the caller's transaction)."""
 
-    def __init__(self, db: sqlite3.Connection) -> None:
+    def __init__(self, db: sqlite3.Connection, origin: str = "") -> None:
         self._db = db
+        # The run directory, for a text that cannot be read.
+        self._origin = origin
         self._compressor = zstandard.ZstdCompressor(level=ZSTD_LEVEL)  # only the writer's thread compresses
         self._local = threading.local()  # readers may share a read-only store across threads
 
@@ -97,8 +101,20 @@ class TextBlobs:
             chunk = wanted[i : i + 500]
             query = f"SELECT id, data FROM blobs WHERE id IN ({','.join('?' * len(chunk))})"
             for blob_id, data in self._db.execute(query, chunk):
-                out[blob_id] = data if isinstance(data, str) else decompressor.decompress(data).decode()
+                out[blob_id] = data if isinstance(data, str) else self._text(blob_id, data, decompressor)
+        missing = [i for i in wanted if i not in out]
+        if missing:
+            raise UnreadableRecord(f"{self._origin}: stored text {missing[0]} is missing (a call's texts name it)")
         return out
+
+    def _text(self, blob_id: int, data: bytes, decompressor: zstandard.ZstdDecompressor) -> str:
+        """A compressed text; one edited or damaged past decompressing is named by its blob."""
+        try:
+            return decompressor.decompress(data).decode()
+        except (zstandard.ZstdError, UnicodeDecodeError) as exc:
+            raise UnreadableRecord(
+                f"{self._origin}: stored text {blob_id} cannot be read ({type(exc).__name__}: {exc})"
+            ) from None
 
 
 def join(parts: list[Part], texts: dict[int, str]) -> str:
