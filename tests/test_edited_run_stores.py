@@ -181,3 +181,25 @@ def test_a_stored_text_that_cannot_be_read_is_named(
     edit(run, sql)
     code, line = tmas_line(monkeypatch, capsys, "export", str(run), "--calls")
     assert code == 2 and re.fullmatch(rf"tmas: error: {re.escape(str(run))}: stored text \d+ {re.escape(said)}.*", line)
+
+
+def test_a_report_names_a_run_directory_that_is_not_one_before_it_grades_any(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], tmp_path: Path, sim: SimServer
+) -> None:
+    # Before, the runs before it were graded first (a judge's calls sent) and the report then stopped at it.
+    run = finished_run(monkeypatch, capsys, tmp_path, sim)
+    (tmp_path / "empty").mkdir()
+    for other in ("missing", "empty"):
+        monkeypatch.setattr(
+            sys,
+            "argv",
+            ["tmas", "report", str(run), str(tmp_path / other), "-o", str(tmp_path / "report"), "--grade", "rules"],
+        )
+        with pytest.raises(SystemExit) as exited:
+            cli.main()
+        assert exited.value.code == 2
+        err = capsys.readouterr().err
+        assert err.strip().splitlines() == [f"tmas: error: {tmp_path / other}: not a run directory (no run.sqlite)"]
+    db = sqlite3.connect(run / "run.sqlite")
+    assert db.execute("SELECT COUNT(*) FROM grades").fetchone() == (0,)
+    db.close()

@@ -981,6 +981,9 @@ async def build_report(
     label by directory, where another report of these runs among others named it (a sweep's study report labels its
     points as the combined report does); the runs it lacks, told apart here, are added to it."""
     say = on_step or (lambda _: None)
+    for run_dir in run_dirs:  # each a run, said before any is graded (a judge's calls sent for it)
+        check_began(run_dir, "report")
+        RunStore(run_dir, read_only=True).close()
     evaluations = []
     for i, run_dir in enumerate(run_dirs, start=1):
         where = f"run {i} of {len(run_dirs)}: {run_dir}"
