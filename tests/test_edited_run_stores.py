@@ -208,14 +208,17 @@ def test_a_report_names_a_run_directory_that_is_not_one_before_it_grades_any(
 def test_stored_settings_that_are_not_a_table_are_named(
     monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], tmp_path: Path, sim: SimServer
 ) -> None:
-    # Before, a report ended in "AttributeError: 'int' object has no attribute 'get'", and a resume said "bad value
-    # for '': ...", of no key.
+    # Before, a report ended in "AttributeError: 'int' object has no attribute 'get'", a resume said "bad value for
+    # '': ...", of no key, and the viewer's runs page failed as a whole (its test: tests/test_view.py).
     run = finished_run(monkeypatch, capsys, tmp_path, sim)
-    edit(run, "UPDATE meta SET value = '5' WHERE key = 'settings'")
-    code, line = tmas_line(monkeypatch, capsys, "report", str(run), "-o", str(tmp_path / "report"), "--grade", "rules")
-    assert (code, line) == (2, f"tmas: error: {run}: a stored setting is not a table ('settings' holds 5)")
-    code, line = tmas_line(monkeypatch, capsys, "run", "--resume", str(run), "--yes")
-    assert (code, line) == (
-        2,
-        f"tmas: error: {run}: the run's recorded settings: Input should be a valid dictionary or instance of Settings",
-    )
+    edit(run, "CREATE TABLE kept AS SELECT * FROM meta")
+    for key, value, held in (("settings", "5", "5"), ("method", '["cot"]', '["cot"]')):
+        restore = "UPDATE meta SET value = (SELECT value FROM kept WHERE kept.key = meta.key)"
+        edit(run, f"{restore}; UPDATE meta SET value = '{value}' WHERE key = '{key}'")
+        said = f"tmas: error: {run}: a stored setting is not a table ({key!r} holds {held})"
+        for args in (
+            ["report", str(run), "-o", str(tmp_path / "report"), "--grade", "rules"],
+            ["run", "--resume", str(run), "--yes"],
+        ):
+            code, line = tmas_line(monkeypatch, capsys, *args)
+            assert (code, line) == (2, said)

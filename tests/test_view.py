@@ -1252,6 +1252,8 @@ def test_a_damaged_run_gets_a_page_saying_what_cannot_be_read(tmp_path: Path) ->
         "bad-result": "UPDATE results SET record = '{'; UPDATE result_summaries SET summary = '{'",
         "no-calls": "DROP TABLE calls",
         "bad-meta": "UPDATE meta SET value = '{' WHERE key = 'method'",
+        # Edited into a value that is no table: the runs page failed as a whole (an AttributeError).
+        "meta-no-table": "UPDATE meta SET value = '5' WHERE key = 'settings'",
         # Written by a newer tmas: unreadable here for good, unlike a run whose store is being created.
         "newer": "UPDATE meta SET value = '99' WHERE key = 'schema_version'",
         "being-created": "DROP TABLE meta",
@@ -1281,6 +1283,10 @@ def test_a_damaged_run_gets_a_page_saying_what_cannot_be_read(tmp_path: Path) ->
         unreadable = text.split('id="unreadable"')[1].split("</div>")[0]
         assert f"{runs / 'no-calls'} cannot be read: SQLite: no such table: calls" in unreadable
         assert f"{runs / 'bad-meta'} cannot be read: a stored setting is not JSON" in unreadable
+        assert (
+            f"{runs / 'meta-no-table'} cannot be read: a stored setting is not a table (&#39;settings&#39; holds 5)"
+            in (unreadable)
+        )
         assert f"{runs / 'newer'} cannot be read: store schema 99 is not one this tmas reads (1, 2, 3)" in unreadable
         assert f"{runs / 'cut-short'} cannot be read: not a readable run store (database disk image is malformed)" in (
             unreadable

@@ -694,7 +694,7 @@ def validation_message(exc: ValidationError, source: str) -> str:
         hint = _close_key(exc.title, [str(part) for part in err["loc"]])
         return f"{source}: unknown config key {loc!r}{hint}"
     msg = err["msg"].removeprefix("Value error, ")
-    return f"{source}: bad value for {loc!r}: {msg}" if loc else f"{source}: {msg}"
+    return f"{source}: bad value for {loc!r}: {msg}"
 
 
 def _close_key(title: str, loc: list[str]) -> str:

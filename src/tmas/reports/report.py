@@ -66,7 +66,6 @@ from tmas.reports.reply_quality import reply_quality_section, role_replies
 from tmas.reports.roc import ScoreSeparation, confidence_separation, score_separation
 from tmas.reports.selection_table import SelectionTable, has_scores, selection_table
 from tmas.reports.where_lost import WhereLost, where_lost, where_lost_section
-from tmas.store.records import UnreadableRecord
 from tmas.store.run_store import RunStore, StoreError, check_began
 
 # At most this many columns in the "selected iterations" table (the paper shows six).
@@ -197,9 +196,6 @@ class StoredSetup:
     def read(cls, store: RunStore) -> StoredSetup:
         meta = store.get_meta("method") or {}
         settings = store.get_meta("settings") or {}
-        for key, value in (("method", meta), ("settings", settings)):
-            if not isinstance(value, dict):  # edited by hand
-                raise UnreadableRecord(f"{store.run_dir}: a stored setting is not a table ({key!r} holds {value!r})")
         method = run_method_name(store)
         # The endpoint's model, or the one run in process (--hf-model).
         model = (settings.get("endpoint") or {}).get("model") or (settings.get("hf") or {}).get("model")

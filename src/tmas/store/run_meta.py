@@ -3,19 +3,24 @@ endpoints on the way: the downgrades a server forced, what each server said of i
 
 from __future__ import annotations
 
+import json
 import sqlite3
 import time
 from typing import Any
 
 from tmas.llm.types import DOWNGRADES, DowngradeKind, ServerFindings
 from tmas.store.database import write_meta
-from tmas.store.records import stored_json
+from tmas.store.records import UnreadableRecord, stored_json
 
 
 def downgrade_where(url: str, model: str | None) -> str:
     """Where a downgrade was made, in words: the endpoint URL and the model it refused (the URL alone where the record
     names none: an endpoint serving one model of its own, or a record of an earlier version)."""
     return f"{url} (model {model})" if model else url
+
+
+# The stored values that are tables (JSON objects): the run's settings and its method with its parameters.
+_TABLES = ("settings", "method")
 
 
 class RunMeta:
@@ -29,7 +34,14 @@ class RunMeta:
 
     def get(self, key: str) -> Any:
         row = self._db.execute("SELECT value FROM meta WHERE key = ?", (key,)).fetchone()
-        return None if row is None else stored_json(row[0], f"{self._origin}: a stored setting", f"{key!r}: ")
+        if row is None:
+            return None
+        value = stored_json(row[0], f"{self._origin}: a stored setting", f"{key!r}: ")
+        if key in _TABLES and not isinstance(value, dict):  # edited by hand: every reader takes it for a table
+            held = json.dumps(value)
+            held = held if len(held) <= 60 else f"{held[:57]}..."
+            raise UnreadableRecord(f"{self._origin}: a stored setting is not a table ({key!r} holds {held})")
+        return value
 
     def record_downgrade(
         self, kind: DowngradeKind, endpoint: str, role: str, message: str, model: str | None = None
