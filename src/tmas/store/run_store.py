@@ -115,8 +115,9 @@ class RunStore:
         return self
 
     def __exit__(self, kind: object, exc: BaseException | None, tb: object) -> None:
-        if isinstance(exc, sqlite3.DatabaseError) and not isinstance(exc, sqlite3.OperationalError):
-            # A page damaged past what opening the store checks: the error carries which store it was read from.
+        if type(exc) is sqlite3.DatabaseError:  # not a subclass's: a locked store, a failed constraint
+            # A page damaged past what opening the store checks ("database disk image is malformed"): the error
+            # carries which store it was read from.
             setattr(exc, _DAMAGED, getattr(exc, _DAMAGED, self.path))
         self.close()
 
