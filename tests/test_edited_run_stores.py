@@ -222,3 +222,15 @@ def test_stored_settings_that_are_not_a_table_are_named(
         ):
             code, line = tmas_line(monkeypatch, capsys, *args)
             assert (code, line) == (2, said)
+
+
+def test_a_report_refuses_a_run_given_twice(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], tmp_path: Path, sim: SimServer
+) -> None:
+    # Before, it was graded twice and reported as two runs, its two columns of one run.
+    run = finished_run(monkeypatch, capsys, tmp_path, sim)
+    again = tmp_path / "run" / ".." / "run"
+    args = ["report", str(run), str(again), "-o", str(tmp_path / "report"), "--grade", "rules"]
+    code, line = tmas_line(monkeypatch, capsys, *args)
+    assert (code, line) == (2, f"tmas: error: run directory given twice: {run.resolve()}")
+    assert not (tmp_path / "report").exists()

@@ -66,7 +66,7 @@ from tmas.reports.reply_quality import reply_quality_section, role_replies
 from tmas.reports.roc import ScoreSeparation, confidence_separation, score_separation
 from tmas.reports.selection_table import SelectionTable, has_scores, selection_table
 from tmas.reports.where_lost import WhereLost, where_lost, where_lost_section
-from tmas.store.run_store import RunStore, StoreError, check_began
+from tmas.store.run_store import RunStore, StoreError, check_began, resolved_once
 
 # At most this many columns in the "selected iterations" table (the paper shows six).
 SELECTED_COLUMNS = 6
@@ -981,6 +981,7 @@ async def build_report(
     label by directory, where another report of these runs among others named it (a sweep's study report labels its
     points as the combined report does); the runs it lacks, told apart here, are added to it."""
     say = on_step or (lambda _: None)
+    resolved_once(run_dirs)  # a run given twice would be graded twice, and reported as two runs
     for run_dir in run_dirs:  # each a run, said before any is graded (a judge's calls sent for it)
         check_began(run_dir, "report")
         RunStore(run_dir, read_only=True).close()
