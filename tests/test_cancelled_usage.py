@@ -18,7 +18,7 @@ from tmas.llm.model import ClientStats
 from tmas.llm.replay import StoreReplay
 from tmas.llm.tokens import TokenCounter
 from tmas.llm.types import CallKey, user
-from tmas.methods.base import MethodParams, ProblemSession
+from tmas.methods.base import MethodParams, ProblemSession, gather_all
 from tmas.problems import Problem
 from tmas.store.run_store import RunStore
 from tmas.testing import Rule, SimScript, SimServer
@@ -129,6 +129,32 @@ async def test_samples_of_one_request_all_cancelled_keep_what_it_streamed(
     assert [b.get("n") for b in sim.chat_bodies("solution")] == [3] and all(c.cancelled() for c in callers)
     assert generated > 0 and stored.error_cause == "cancelled" and stored.usage.completion_tokens == spent
     assert stats.usage.completion_tokens == spent and stats.calls == 1
+
+
+async def test_samples_gathered_by_a_cancelled_step_keep_what_their_request_streamed(
+    sim: SimServer, tmp_path: Path
+) -> None:
+    # A run cut at its time cancels the step that gathered a request's samples (gather_all): the first sample to end
+    # cancelled ends the gather, and gather_all cancels the others again, the one carrying what the request streamed
+    # among them while it waits for the request to stop. It still carries it.
+    sim.set_script(frozen("vllm"))
+    extra = {"stream_options": {"continuous_usage_stats": True}}
+    settings = settings_for(sim, endpoint__batch_samples="on", endpoint__stream="on", sampling__extra_body=extra)
+    with RunStore(tmp_path) as store:
+        async with open_model(settings, store) as llm:
+            assert isinstance(llm, StoreReplay) and isinstance(llm.inner, LLMClient)
+            vitals = llm.inner.route("solution").replicas[0].vitals
+            seen = vitals.seen_at
+            keys = [CallKey(role="solution", problem_id="p", sample=i) for i in range(3)]
+            step = asyncio.ensure_future(gather_all(llm.chat("solution", QUESTION, key=k) for k in keys))
+            await eventually(lambda: vitals.seen_at != seen)
+            step.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await step
+        [stored] = store.calls()
+    generated = sim.stats().engine_generated_tokens
+    assert [b.get("n") for b in sim.chat_bodies("solution")] == [3]
+    assert generated > 0 and stored.error_cause == "cancelled" and stored.usage.completion_tokens == generated
 
 
 async def test_a_call_cancelled_while_its_retry_waits_keeps_what_its_cut_attempt_streamed(

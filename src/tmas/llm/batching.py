@@ -35,6 +35,7 @@ import asyncio
 import json
 import re
 from collections.abc import Awaitable, Callable, Iterable, Sequence
+from contextlib import suppress
 from dataclasses import dataclass
 from functools import partial
 from typing import Any, TypeVar
@@ -210,7 +211,11 @@ async def _carry_unclaimed(sample: Sample, cancel: asyncio.CancelledError) -> No
     if not all(s.future.cancelled() for s in part.samples):
         return
     part.carried = True
-    await asyncio.wait({part.task})
+    # Cancelled again meanwhile (gather_all cancels the calls still running once a sibling has ended cancelled), it
+    # still waits: the request is already stopping, and what it spent has no one else to carry it.
+    while not part.task.done():
+        with suppress(asyncio.CancelledError):
+            await asyncio.wait({part.task})
     if part.unclaimed is not None:
         leave_spent(cancel, part.unclaimed.model_copy(update={"key": sample.key, "request_hash": sample.request_hash}))
 
