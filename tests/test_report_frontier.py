@@ -430,3 +430,26 @@ async def test_the_mv_frontier_counts_a_samples_echo_retry_in_its_tokens(tmp_pat
         ("MV@1", 750.0, 1.0),
         ("MV@2", 1500.0, 1.0),
     ]
+
+
+def test_the_frontiers_log_axis_labels_its_ticks_as_plain_token_counts(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    # Titles and names are plain text ("$" no formula); the log axis's tick labels are token counts, not the
+    # formula source matplotlib's log formatter writes ("$\mathdefault{2^{5}}$"), which plain text would print as is.
+    import matplotlib.pyplot as plt
+
+    from tmas.reports.frontier import FrontierPoint
+    from tmas.reports.plots import plot_frontier
+
+    drawn: list[Any] = []
+    close = plt.close
+    monkeypatch.setattr(plt, "close", lambda fig: drawn.append(fig) or close(fig))
+    points = [FrontierPoint(f"MV@{k}", 32.0 * k, 0.5, 0.1, 4) for k in (1, 2, 4, 8, 16)]
+    plot_frontier([("cost $5", points)], "runs at $1 a call", tmp_path / "f.png")
+    [fig] = drawn
+    [ax] = fig.axes
+    labels = [t.get_text() for t in ax.get_xticklabels() if t.get_text()]
+    assert labels and not any("$" in label or "mathdefault" in label for label in labels)
+    assert {"32", "64", "128", "256", "512"} <= set(labels)
+    assert ax.get_title() == "runs at $1 a call"

@@ -73,10 +73,21 @@ def plot_frontier(runs: list[tuple[str, list[FrontierPoint]]], title: str, path:
             for p, x, y in zip(points, xs, ys, strict=True):
                 ax.annotate(f"n={p.problems}", (x, y), fontsize=6, xytext=(2, 2), textcoords="offset points")
     if log:
+        from matplotlib.ticker import FuncFormatter, NullFormatter
+
         ax.set_xscale("log", base=2)
+        # The log scale's own labels are formulas ("2^5" in mathtext), which the plain text set in _pyplot would print
+        # as their source: token counts instead.
+        ax.xaxis.set_major_formatter(FuncFormatter(token_tick))
+        ax.xaxis.set_minor_formatter(NullFormatter())
     ax.set_xlabel("completion tokens per problem (cumulative)")
     ax.set_ylabel("accuracy of the returned answer (%)")
     return _save(plt, fig, ax, title, path)
+
+
+def token_tick(value: float, _position: object = None) -> str:
+    """A tick of the token axis: its count, with thousands separated."""
+    return f"{value:,.0f}" if value >= 1 else f"{value:g}"
 
 
 def _log_axis(runs: list[tuple[str, list[FrontierPoint]]]) -> bool:
