@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import time
 from collections import defaultdict
 from collections.abc import Sequence
 from pathlib import Path
@@ -301,6 +302,37 @@ def test_a_pilot_stopped_before_any_chunk_finished_reports_that_and_keeps_nothin
     card = (tmp_path / "kept.pilot.md").read_text()
     assert "Chosen temperature: none: no chunk of prompt groups finished" in card
     assert "Kept: 0 groups, 0 of 6 rows." in card and "chunk 1 of 3" in card
+
+
+class SwallowingEngine(TickingRollouts):
+    """Rollouts whose process is sent SIGTERM inside the first generate call, by an engine that, as transformers'
+    ``generate_batch`` (continuous batching) does, catches every exception of its loop, logs it and returns the
+    completions that finished: none here."""
+
+    def __call__(self, conversations: Sequence[Sequence[dict[str, str]]], settings: GenerationSettings) -> list[Any]:
+        out = super().__call__(conversations, settings)
+        try:
+            os.kill(os.getpid(), signal.SIGTERM)
+            time.sleep(5)
+        except Exception:
+            return []
+        return out
+
+
+def test_a_pilot_stopped_inside_an_engine_that_catches_every_exception_still_reports_that(tmp_path: Path) -> None:
+    """The stop is not an error of the engine's: it goes through an engine's catch-all as through padded generate,
+    and the pilot reports it instead of failing on the completions the engine did not return."""
+    from tmas.rl.pilot import run_pilot
+
+    data, script = six_problems_file(tmp_path)
+    generate = SwallowingEngine(script, 10.0)
+    with pytest.raises(ConfigError, match="stopped before any chunk of prompt groups finished"):
+        run_pilot(
+            data, tmp_path / "kept.parquet", "scripted", generate=generate, clock=lambda: generate.now, **PILOT_OPTIONS
+        )
+    assert len(generate.calls) == 1
+    report = json.loads((tmp_path / "kept.pilot.json").read_text())
+    assert report["measured_groups"] == 0 and report["stopped"].startswith("Stopped (SIGTERM) while sampling chunk 1")
 
 
 def test_a_pilot_stopped_while_its_model_loads_reports_that(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -39,9 +39,11 @@ Conversation = Sequence[dict[str, str]]
 Generate = Callable[[Sequence[Conversation], GenerationSettings], list[Completion]]
 
 
-class PilotStopped(Exception):
+class PilotStopped(BaseException):
     """The pilot's process was told to stop (SIGTERM) while it sampled: the chunk under way is dropped. Raised out of
-    :func:`measure` with the rates of the chunks that finished before it, and how many chunks there were."""
+    :func:`measure` with the rates of the chunks that finished before it, and how many chunks there were. A stop, not
+    an error (as KeyboardInterrupt): transformers' continuous batching (``generate_batch``) catches every Exception of
+    its loop and returns the completions that finished, which would leave the chunk short instead of stopped."""
 
     def __init__(self, rates: Sequence[GroupRate] = (), finished: int = 0, chunks: int = 0) -> None:
         super().__init__("stopped (SIGTERM) while sampling")
