@@ -33,8 +33,9 @@ Steps (see docs/results.md, "On a CUDA machine without network access"):
   error, completion tokens per problem, each method paired with majority vote at the nearest completion-token budget,
   and the frontier plot; a section of docs/results.md (``--docs``) and its plot beside it.
 
-Rehearse everything on a CPU with SmolLM2 (see docs/results.md): ``--model smollm2-135m --limit 3`` and small
-``--k``, ``--max-tokens``.
+Rehearse everything on a CPU with SmolLM2 (the commands are in docs/results.md): ``pack --models smollm2-135m``,
+``receive``, then ``run --model smollm2-135m --limit 1`` with small ``--k``, ``--max-tokens``, ``--max-tokens-all``
+(presets' calls too), ``--throughput`` and ``--throughput-tokens``, and ``report`` into a copy of the page.
 """
 
 from __future__ import annotations
