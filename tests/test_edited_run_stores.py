@@ -50,35 +50,37 @@ def edit(run: Path, sql: str) -> None:
     db.close()
 
 
-def test_a_stored_setting_that_is_not_json_is_named(
-    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], tmp_path: Path, sim: SimServer
+@pytest.mark.parametrize(
+    ("sql", "said"),
+    [
+        (
+            "UPDATE meta SET value = substr(value, 1, 40) WHERE key = 'settings'",
+            "a stored setting is not JSON ('settings': ",
+        ),
+        (
+            "UPDATE problems SET metadata = '{bad' WHERE problem_id = 'p1'",
+            "problem 'p1': its stored metadata is not JSON (",
+        ),
+    ],
+    ids=["setting", "problem-metadata"],
+)
+def test_a_stored_value_that_is_not_json_is_named(
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+    tmp_path: Path,
+    sim: SimServer,
+    sql: str,
+    said: str,
 ) -> None:
     # Before, report and resume ended in json's traceback.
     run = finished_run(monkeypatch, capsys, tmp_path, sim)
-    edit(run, "UPDATE meta SET value = substr(value, 1, 40) WHERE key = 'settings'")
-    said = f"tmas: error: {run}: a stored setting is not JSON ('settings': "
+    edit(run, sql)
     for args in (
         ["report", str(run), "-o", str(tmp_path / "report"), "--grade", "rules"],
         ["run", "--resume", str(run), "--yes"],
     ):
         code, line = tmas_line(monkeypatch, capsys, *args)
-        assert code == 2 and line.startswith(said), line
-    assert sim.stats().total_requests == 2
-
-
-def test_a_stored_problem_whose_metadata_is_not_json_is_named(
-    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], tmp_path: Path, sim: SimServer
-) -> None:
-    # Before, report and resume ended in json's traceback.
-    run = finished_run(monkeypatch, capsys, tmp_path, sim)
-    edit(run, "UPDATE problems SET metadata = '{bad' WHERE problem_id = 'p1'")
-    said = f"tmas: error: {run}: problem 'p1': its stored metadata is not JSON ("
-    for args in (
-        ["report", str(run), "-o", str(tmp_path / "report"), "--grade", "rules"],
-        ["run", "--resume", str(run), "--yes"],
-    ):
-        code, line = tmas_line(monkeypatch, capsys, *args)
-        assert code == 2 and line.startswith(said), line
+        assert code == 2 and line.startswith(f"tmas: error: {run}: {said}"), line
     assert sim.stats().total_requests == 2
 
 
