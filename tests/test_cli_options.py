@@ -191,6 +191,21 @@ def test_a_role_base_url_of_no_url_is_refused_as_the_file_is_read(tmp_path: Path
     assert load_settings(config, environ={}).roles["judge"].base_url is None
 
 
+@pytest.mark.parametrize("table", ["endpoint", "roles.judge"])
+@pytest.mark.parametrize(("value", "shown"), [("5", "5"), ('["http://a/v1", 5]', "['http://a/v1', 5]")])
+def test_a_base_url_that_is_no_string_says_a_url_or_a_list_of_them_is_expected(
+    tmp_path: Path, table: str, value: str, shown: str
+) -> None:
+    # Before, a number was said to be no "valid list", though one URL string is as good.
+    config = tmp_path / "cfg.toml"
+    config.write_text(f"[{table}]\nbase_url = {value}\n", encoding="utf-8")
+    with pytest.raises(ConfigError) as caught:
+        load_settings(config, environ={})
+    assert str(caught.value) == (
+        f"{config}: bad value for '{table}.base_url': expected a URL string or a list of them, got {shown}"
+    )
+
+
 def test_a_bad_variable_is_named_alone_among_those_given(tmp_path: Path) -> None:
     env = {"TMAS_BASE_URL": "http://a/v1", "TMAS_MODEL": "m", "TMAS_TEMPERATURE": "0.6x", "TMAS_MAX_TOKENS": "4096"}
     with pytest.raises(ConfigError) as caught:

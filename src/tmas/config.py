@@ -48,6 +48,9 @@ def _split_urls(value: Any) -> Any:
         if not urls:
             raise ValueError(f"{value!r} holds no URL: give one (several comma-separated), or leave the key out")
         return urls
+    if value is not None and not (isinstance(value, list | tuple) and all(isinstance(url, str) for url in value)):
+        # Said here: pydantic's own words ("should be a valid list") hide that one URL string is as good.
+        raise ValueError(f"expected a URL string or a list of them, got {value!r}")
     return value
 
 
