@@ -33,7 +33,7 @@ from tmas.grading.grades import GradeConfig
 from tmas.llm.sampling import with_sampling
 from tmas.methods import METHODS, register_method
 from tmas.methods.traits import Traits
-from tmas.problems import Problem
+from tmas.problems import Problem, load_problems
 from tmas.store.run_store import RunStore
 from tmas.testing import ScriptedModel, SimScript, SimServer
 from tmas.testing.script import Rule
@@ -247,6 +247,23 @@ async def test_a_judge_of_ones_own_grades_the_samples(tmp_path: Path) -> None:
     # Both samples box the same 1000: one judgement serves both.
     assert by_role(model) == {"solution": 2, "judge": 1}
     assert card.solved_counts == {2: 1} and card.kept == 0 and card.selected == []
+
+
+def test_a_subset_of_a_file_whose_lines_name_two_ids_reads_back_under_the_same_ids(tmp_path: Path) -> None:
+    # HLE-Math-100's lines carry question_id (the id read) and id (HLE's row, kept as metadata): the subset writes
+    # problem_id next to that id, so a line naming the id in several fields must keep reading as the first of them.
+    source = tmp_path / "p.jsonl"
+    source.write_text(
+        json.dumps({"id": 8, "question": "Q1", "answer": "2", "question_id": 1})
+        + "\n"
+        + json.dumps({"id": 3, "question": "Q2", "answer": "5", "question_id": 2})
+        + "\n"
+    )
+    problems = load_problems(source)
+    assert [(p.problem_id, p.metadata) for p in problems] == [("1", {"id": 8}), ("2", {"id": 3})]
+    write_subset(problems, ["2"], tmp_path / "subset.jsonl")
+    [again] = load_problems(tmp_path / "subset.jsonl")
+    assert (again.problem_id, again.metadata) == ("2", {"id": 3})
 
 
 def test_the_sampling_method_is_the_one_the_registry_declares() -> None:
