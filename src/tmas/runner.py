@@ -1278,5 +1278,8 @@ async def solve_one(method: Method[Any], session: ProblemSession) -> ProblemResu
         return budget_result(method.name, session, exc.detail)
     except Exception as exc:  # a method bug must cost one problem, not the run
         result = session.result(method.name, answer=None, text="")
-        result.status, result.error = "failed", f"{type(exc).__name__}: {exc}"
+        # tmas's own errors are written for the user (a stored record that cannot be read says which and why);
+        # another exception is a bug, its class name part of what it says.
+        said = str(exc) if isinstance(exc, TmasError) else f"{type(exc).__name__}: {exc}"
+        result.status, result.error = "failed", said
         return result
