@@ -816,6 +816,19 @@ def test_a_model_vllm_does_not_serve_is_named_before_any_call(
         assert out.returncode == 0, out.stderr.decode()
 
 
+def test_an_eval_report_dir_that_is_its_run_directory_is_said_before_the_run(sim: SimServer, tmp_path: Path) -> None:
+    write_problems(tmp_path / "p.jsonl", 2)
+    run = tmp_path / "run"
+    out = run_tmas("eval", str(tmp_path / "p.jsonl"), "-o", str(run), "-m", "cot", "--grade", "rules",
+                   "--report-dir", f"{run}/../run", "--base-url", sim.base_url)  # fmt: skip
+    assert out.returncode == 2, out.stderr.decode()
+    assert last_line(out) == (
+        f"tmas: error: --report-dir {run}/../run is the run directory {run}: a report is not written among a"
+        f" run's files (choose another, such as {run / 'report'})"
+    )
+    assert sim.stats().total_requests == 0 and not run.exists()
+
+
 @pytest.mark.parametrize("below", ["", "/report"])
 def test_an_eval_report_dir_that_cannot_be_one_is_said_before_the_run(
     sim: SimServer, tmp_path: Path, below: str

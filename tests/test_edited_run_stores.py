@@ -239,3 +239,29 @@ def test_a_report_refuses_a_run_given_twice(
     code, line = tmas_line(monkeypatch, capsys, *args)
     assert (code, line) == (2, f"tmas: error: run directory given twice: {run.resolve()}")
     assert not (tmp_path / "report").exists()
+
+
+@pytest.mark.parametrize("spelled", ["run", "run/../run", "other"])
+def test_a_report_refuses_to_be_written_into_a_run_directory_before_it_grades(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], tmp_path: Path, sim: SimServer, spelled: str
+) -> None:
+    # Before, report.md, report.html and the plots were written among the run's own files (its store beside them).
+    run = finished_run(monkeypatch, capsys, tmp_path, sim)
+    if spelled == "other":  # another run's directory, not one of those reported
+        (tmp_path / "other").mkdir()
+        (tmp_path / "other" / "run.sqlite").write_bytes((run / "run.sqlite").read_bytes())
+    given = tmp_path / spelled
+    before = sorted(p.name for p in given.iterdir())
+    code, line = tmas_line(monkeypatch, capsys, "report", str(run), "-o", str(given), "--grade", "rules")
+    held = run if spelled != "other" else given
+    assert (code, line) == (
+        2,
+        f"tmas: error: --out {given} is the run directory {held}: a report is not written among a run's files"
+        f" (choose another, such as {held / 'report'})",
+    )
+    assert sorted(p.name for p in given.iterdir()) == before
+    db = sqlite3.connect(run / "run.sqlite")
+    assert db.execute("SELECT COUNT(*) FROM grades").fetchone() == (0,)
+    db.close()
+    code, _ = tmas_line(monkeypatch, capsys, "report", str(run), "-o", str(run / "report"), "--grade", "rules")
+    assert code == 0 and (run / "report" / "report.md").is_file()  # where 'tmas eval' writes a run's report

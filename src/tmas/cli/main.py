@@ -607,9 +607,10 @@ def report(
     ] = None,
 ) -> None:
     """Grade runs and write a Markdown + HTML report with per-iteration tables and plots."""
-    from tmas.reports.report import build_report
+    from tmas.reports.report import build_report, check_report_out
 
     check_out_dir(out, "a report is written into a directory", "--out")  # said before any run is graded
+    check_report_out(run_dirs, out, "--out")
     judging = {
         "--config": config,
         "--base-url": base_url,
@@ -660,13 +661,14 @@ def evaluate(
     limit: LimitOpt = None,
 ) -> None:
     """Run a method on problems, grade the run and write its report (run + report in one step)."""
-    from tmas.reports.report import build_report
+    from tmas.reports.report import build_report, check_report_out
 
     grade_config = read_grade_flags(grade, judge_runs)  # bad flags fail before any model call
     check_grading_installed(grade_config)
     if report_dir is not None:
         # Said before the run, not after it.
         check_out_dir(report_dir, "the report is written into a directory", "--report-dir")
+        check_report_out([out], report_dir, "--report-dir")
     from tmas.llm.routes import check_api_keys
     from tmas.runner import RunExists, StoreFailed, Unreachable
 

@@ -24,6 +24,7 @@ from pydantic import ValidationError
 
 from tmas.answer_rules import RuleEquivalence, math_verify_installed
 from tmas.config import Settings
+from tmas.errors import InputError
 from tmas.grading.cases import case_metrics
 from tmas.grading.grades import GradeConfig, Grades
 from tmas.grading.judge import JUDGE_ROLE, judge_route
@@ -66,7 +67,7 @@ from tmas.reports.reply_quality import reply_quality_section, role_replies
 from tmas.reports.roc import ScoreSeparation, confidence_separation, score_separation
 from tmas.reports.selection_table import SelectionTable, has_scores, selection_table
 from tmas.reports.where_lost import WhereLost, where_lost, where_lost_section
-from tmas.store.run_store import RunStore, StoreError, check_began, resolved_once
+from tmas.store.run_store import DB_NAME, RunStore, StoreError, check_began, resolved_once
 
 # At most this many columns in the "selected iterations" table (the paper shows six).
 SELECTED_COLUMNS = 6
@@ -965,6 +966,22 @@ RUN_SECTIONS: tuple[Callable[[Document, RunEvaluation], None], ...] = (
 )
 
 
+def check_report_out(run_dirs: list[Path], out_dir: Path, flag: str | None = None) -> None:
+    """:class:`InputError` naming ``out_dir`` (after the ``flag`` that gave it, where one did) where it is a run's
+    directory under any spelling (one of ``run_dirs``, or another holding a run store): its report files would lie
+    among the run's own. A folder inside a run (``RUN/report``, where ``tmas eval`` writes) is one of its own."""
+    out = Path(out_dir).resolve()
+    run = next((Path(r) for r in run_dirs if Path(r).resolve() == out), None)
+    if run is None and (out / DB_NAME).is_file():
+        run = Path(out_dir)
+    if run is not None:
+        named = f"{flag} {out_dir}" if flag else str(out_dir)
+        raise InputError(
+            f"{named} is the run directory {run}: a report is not written among a run's files"
+            f" (choose another, such as {run / 'report'})"
+        )
+
+
 async def build_report(
     run_dirs: list[Path],
     out_dir: Path,
@@ -982,6 +999,7 @@ async def build_report(
     points as the combined report does); the runs it lacks, told apart here, are added to it."""
     say = on_step or (lambda _: None)
     resolved_once(run_dirs)  # a run given twice would be graded twice, and reported as two runs
+    check_report_out(run_dirs, out_dir)
     for run_dir in run_dirs:  # each a run, said before any is graded (a judge's calls sent for it)
         check_began(run_dir, "report")
         RunStore(run_dir, read_only=True).close()
