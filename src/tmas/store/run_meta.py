@@ -37,7 +37,8 @@ class RunMeta:
         if row is None:
             return None
         value = stored_json(row[0], f"{self._origin}: a stored setting", f"{key!r}: ")
-        if key in _TABLES and not isinstance(value, dict):  # edited by hand: every reader takes it for a table
+        # Edited by hand: every reader takes it for a table (null: not recorded, as a missing key).
+        if key in _TABLES and value is not None and not isinstance(value, dict):
             held = json.dumps(value)
             held = held if len(held) <= 60 else f"{held[:57]}..."
             raise UnreadableRecord(f"{self._origin}: a stored setting is not a table ({key!r} holds {held})")
