@@ -477,6 +477,8 @@ async def test_a_resume_under_a_token_budget_takes_off_what_its_failed_calls_spe
         sampling={"max_tokens": 100},
         budget={"tokens": 300},
         retry={"max_attempts": 1},
+        # One call at a time: the two cut are the first two stored, whichever order replies would come back in.
+        concurrency=1,
     )
     cut = Rule(fault="cut", fault_after_tokens=20, times=2)
     sim.set_script(SimScript(rules=[cut, Rule(usage=ScriptedUsage(prompt_tokens=5, completion_tokens=10))]))
@@ -485,6 +487,7 @@ async def test_a_resume_under_a_token_budget_takes_off_what_its_failed_calls_spe
         await run_problems(settings, todo, store)
         failed = store.failed_spend(PROBLEM[0].problem_id)
         assert failed.calls == 2 and store.sure_replays() == {}
+    assert sim.stats().max_in_flight == 1
     # Each generated 17 tokens before it was cut (the simulator's chunks fall so): 400 - 34 = 366 are left.
     assert failed.usage.completion_tokens == 34
     left = 366
