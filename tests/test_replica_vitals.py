@@ -6,6 +6,7 @@ whose /health fails leaves routing until it answers again."""
 from __future__ import annotations
 
 import asyncio
+from collections import Counter
 
 import pytest
 
@@ -49,8 +50,10 @@ async def test_a_wedged_replica_s_calls_are_answered_by_another_and_it_leaves_ro
     assert all(c.ok for c in done), [c.error for c in done if not c.ok]
     moved = [c for c in done if c.retry_causes]
     causes = [r for c in moved for r in c.retry_causes]
-    assert moved and set(causes) == {cause}, [c.retry_causes for c in moved]
-    assert stats.retries_by_cause == {cause: len(causes)}
+    # On a loaded machine a connection can also take longer than timeout_s to open: retried as "connect", its own
+    # cause, never the wedged replica's.
+    assert moved and cause in causes and set(causes) <= {cause, "connect"}, [c.retry_causes for c in moved]
+    assert stats.retries_by_cause == dict(Counter(causes))
     # None reached the wedged replica twice (each call that reached it was moved), and it aborted each request when
     # the client closed it.
     assert 0 < at_bad.total_requests <= len(moved) and at_bad.completed == 0, (at_bad, [c.retry_causes for c in moved])
