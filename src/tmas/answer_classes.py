@@ -90,6 +90,14 @@ def plain_numbers(text: str) -> list[Fraction] | None:
     return None if any(value is None for value in values) else [value for value in values if value is not None]
 
 
+def other_list(answer: str, listed: str) -> bool:
+    """Whether ``answer`` (a :func:`tmas.answers.normalize_answer` spelling) is a list of as many plain numbers as the
+    list ``listed`` whose set of values is not that of ``listed``'s items (:func:`plain_numbers`): in any order or as a
+    set it differs, and a list of two or more numbers is never one number."""
+    items, reference = plain_numbers(answer), plain_numbers(normalize_answer(listed))
+    return items is not None and reference is not None and len(items) == len(reference) and set(items) != set(reference)
+
+
 def has_leading_zeros(text: str) -> bool:
     """Whether ``text`` writes a number with leading zeros ("017", a code or the rows of a grid): then its digits are
     the answer, not their value. The grading rules read a reference so (:func:`tmas.answer_rules.leading_zeros`),

@@ -27,7 +27,7 @@ from multiprocessing.connection import Connection
 from types import TracebackType
 from typing import Any
 
-from tmas.answer_classes import has_leading_zeros, plain_number, plain_numbers
+from tmas.answer_classes import has_leading_zeros, other_list, plain_number, plain_numbers
 from tmas.answers import list_reading, normalize_answer, ungrouped, without_punctuation_after_math
 from tmas.errors import TmasError
 
@@ -365,9 +365,9 @@ def _either_reading(number: str, listed: str, pred: str, timeout_s: int | None, 
         return RuleVerdict(
             False, f"one number, not the reference read as a number ({verdicts['number'].detail}) nor a list"
         )
-    items, reference_items = plain_numbers(answer), plain_numbers(normalize_answer(listed))
-    if items and reference_items and len(items) == len(reference_items) and set(items) != set(reference_items):
-        return RuleVerdict(False, f"a list of {len(items)} numbers, not the reference's items nor one number")
+    if other_list(answer, listed):
+        count = len(plain_numbers(answer) or ())
+        return RuleVerdict(False, f"a list of {count} numbers, not the reference's items nor one number")
     return RuleVerdict(None, "reference reads both as a number in digit groups and as a list: neither shown equal")
 
 

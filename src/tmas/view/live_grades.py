@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from fractions import Fraction
 from functools import lru_cache
 
-from tmas.answer_classes import plain_number, plain_numbers
+from tmas.answer_classes import other_list, plain_number
 from tmas.answer_rules import leading_zeros
 from tmas.answers import last_boxed, list_reading, normalize_answer
 from tmas.grading.grades import SELECTED, Grades, ItemKey
@@ -81,10 +81,7 @@ def _either_reading(number: Fraction | None, listed: str, pred: Fraction | None,
         return True
     if pred is not None and number is not None:
         return False
-    items, reference_items = plain_numbers(_unboxed(answer)), plain_numbers(normalize_answer(listed))
-    if items is None or reference_items is None or len(items) != len(reference_items):
-        return None
-    return False if set(items) != set(reference_items) else None
+    return False if other_list(_unboxed(answer), listed) else None
 
 
 @dataclass
