@@ -137,9 +137,15 @@ class DamagedStore(StoreError):
     created a moment ago whose tables are not written yet."""
 
 
-def read_meta(db: sqlite3.Connection, key: str) -> Any:
+def meta_text(db: sqlite3.Connection, key: str) -> str | None:
+    """The JSON text stored under ``key`` in the meta table, or None where there is none."""
     row = db.execute("SELECT value FROM meta WHERE key = ?", (key,)).fetchone()
-    return None if row is None else json.loads(row[0])
+    return None if row is None else str(row[0])
+
+
+def read_meta(db: sqlite3.Connection, key: str) -> Any:
+    text = meta_text(db, key)
+    return None if text is None else json.loads(text)
 
 
 def write_meta(db: sqlite3.Connection, key: str, value: Any) -> None:

@@ -9,7 +9,7 @@ import time
 from typing import Any
 
 from tmas.llm.types import DOWNGRADES, DowngradeKind, ServerFindings
-from tmas.store.database import write_meta
+from tmas.store.database import meta_text, write_meta
 from tmas.store.records import UnreadableRecord, stored_json
 
 
@@ -33,10 +33,10 @@ class RunMeta:
         write_meta(self._db, key, value)
 
     def get(self, key: str) -> Any:
-        row = self._db.execute("SELECT value FROM meta WHERE key = ?", (key,)).fetchone()
-        if row is None:
+        text = meta_text(self._db, key)
+        if text is None:
             return None
-        value = stored_json(row[0], f"{self._origin}: a stored setting", f"{key!r}: ")
+        value = stored_json(text, f"{self._origin}: a stored setting", f"{key!r}: ")
         # Edited by hand: every reader takes it for a table (null: not recorded, as a missing key).
         if key in _TABLES and value is not None and not isinstance(value, dict):
             held = json.dumps(value)

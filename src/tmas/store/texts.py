@@ -102,9 +102,9 @@ class TextBlobs:
             query = f"SELECT id, data FROM blobs WHERE id IN ({','.join('?' * len(chunk))})"
             for blob_id, data in self._db.execute(query, chunk):
                 out[blob_id] = data if isinstance(data, str) else self._text(blob_id, data, decompressor)
-        missing = [i for i in wanted if i not in out]
-        if missing:
-            raise UnreadableRecord(f"{self._origin}: stored text {missing[0]} is missing (a call's texts name it)")
+        if len(out) < len(wanted):
+            missing = next(i for i in wanted if i not in out)
+            raise UnreadableRecord(f"{self._origin}: stored text {missing} is missing (a call's texts name it)")
         return out
 
     def _text(self, blob_id: int, data: bytes, decompressor: zstandard.ZstdDecompressor) -> str:
